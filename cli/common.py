@@ -1,0 +1,67 @@
+"""Argument parsing shared by command groups: JSON options with errors naming the flag."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn
+
+import typer
+from pydantic import ValidationError
+
+from compiler.templates import Template, UnknownTemplateError, get_template
+from schemas import Config, Workload
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def parse_json(text: str, flag: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        fail(f"{flag}: not valid JSON ({err.msg} at column {err.colno})")
+
+
+def load_template(name: str) -> Template:
+    try:
+        return get_template(name)
+    except UnknownTemplateError as err:
+        fail(f"TEMPLATE: {err}")
+
+
+def load_workload(template: Template, text: str) -> Workload:
+    """``--workload`` is AutoTVM's args list; checked against the template at once."""
+    from compiler.templates import WorkloadError
+
+    args = parse_json(text, "--workload")
+    try:
+        workload = Workload(template=template.name, args=args)
+        template.parse(workload)
+    except ValidationError as err:
+        fail(f"--workload: {err.errors()[0]['msg']}")
+    except WorkloadError as err:
+        fail(f"--workload: {err}")
+    return workload
+
+
+def load_config(template: Template, workload: Workload, config: str | None,
+                index: int | None) -> Config:
+    """``--config`` takes an AutoTVM ``config`` object; ``--index`` a point of the space."""
+    from compiler.templates import ConfigError
+
+    if (config is None) == (index is None):
+        fail("give exactly one of --config JSON or --index N")
+    space = template.space(workload)
+    try:
+        if index is not None:
+            return space.get(index)
+        raw = parse_json(config or "", "--config")
+        return Config.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        fail(f"--config: {where}: {first['msg']}")
+    except ConfigError as err:
+        fail(f"--index: {err}")

@@ -1,0 +1,23 @@
+"""Entry point of the ``tuner`` console script."""
+
+from __future__ import annotations
+
+import typer
+
+from cli import demo, devices, measure, templates
+
+app = typer.Typer(
+    name="tuner",
+    help="AutoTVM-style kernel tuning: templates, devices, measurements.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command("devices")(devices.devices)
+app.command("space")(templates.space)
+app.command("codegen")(templates.codegen)
+app.command("measure")(measure.measure)
+app.command("demo")(demo.demo)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""The embedded compiler and its kernel library."""

@@ -1,0 +1,125 @@
+"""CUDA backend through pycuda, imported lazily: only GPU machines have libcuda.
+
+Install with ``pip install '.[cuda]'``. Kernels compile with NVRTC-compatible C++ via
+pycuda's SourceModule (nvcc), and are timed with CUDA events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+import numpy as np
+
+from compiler.runtime.device import BuildError, Device, DeviceInfo, DeviceRuntimeError
+from compiler.templates import Kernel
+from schemas import DeviceLimits, Target
+
+
+def _driver() -> Any:
+    try:
+        import pycuda.driver as drv
+    except ImportError as err:
+        raise RuntimeError(
+            "the CUDA backend needs pycuda: pip install '.[cuda]' on a machine with libcuda"
+        ) from err
+    drv.init()
+    return drv
+
+
+def _slug(name: str) -> str:
+    # "NVIDIA H200" -> "h200", "NVIDIA GeForce RTX 4090" -> "rtx4090"
+    name = re.sub(r"(?i)nvidia|geforce|tesla|quadro", "", name)
+    return re.sub(r"[^a-z0-9]+", "", name.lower()) or "unknown"
+
+
+def _info(drv: Any, index: int) -> DeviceInfo:
+    dev = drv.Device(index)
+    attr = drv.device_attribute
+    major, minor = dev.compute_capability()
+    return DeviceInfo(
+        spec=f"cuda:{index}",
+        name=dev.name(),
+        platform=f"CUDA {'.'.join(str(v) for v in drv.get_version())}",
+        target=Target.parse(f"cuda -model={_slug(dev.name())} -arch=sm_{major}{minor}"),
+        limits=DeviceLimits(
+            max_threads_per_block=dev.get_attribute(attr.MAX_THREADS_PER_BLOCK),
+            max_thread_x=dev.get_attribute(attr.MAX_BLOCK_DIM_X),
+            max_thread_y=dev.get_attribute(attr.MAX_BLOCK_DIM_Y),
+            max_thread_z=dev.get_attribute(attr.MAX_BLOCK_DIM_Z),
+            max_shared_memory_per_block=dev.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK),
+            max_local_elements=1024,
+            warp_size=dev.get_attribute(attr.WARP_SIZE),
+            compute_units=dev.get_attribute(attr.MULTIPROCESSOR_COUNT),
+        ),
+    )
+
+
+def list_cuda_devices() -> list[DeviceInfo]:
+    try:
+        drv = _driver()
+        return [_info(drv, i) for i in range(drv.Device.count())]
+    except Exception:  # no pycuda, no libcuda or no GPU: simply no CUDA devices here
+        return []
+
+
+class CUDADevice(Device):
+    dialect = "cuda"
+
+    def __init__(self, index: int = 0) -> None:
+        drv = _driver()
+        self._drv = drv
+        self.info = _info(drv, index)
+        self._ctx = drv.Device(index).make_context()
+        self._modules: dict[str, Any] = {}
+
+    def close(self) -> None:
+        self._ctx.pop()
+
+    def build(self, kernel: Kernel) -> Any:
+        from pycuda.compiler import CompileError, SourceModule
+
+        key = hashlib.sha1(kernel.source.encode()).hexdigest()
+        if key not in self._modules:
+            arch = self.target.arch or "sm_80"
+            try:
+                module = SourceModule(kernel.source, no_extern_c=True, arch=arch,
+                                      options=["-O3"])
+            except CompileError as err:
+                raise BuildError(str(err)) from None
+            self._modules[key] = module.get_function(kernel.entry)
+        return self._modules[key]
+
+    def upload(self, array: np.ndarray) -> Any:
+        return self._drv.to_device(np.ascontiguousarray(array))
+
+    def alloc(self, shape: tuple[int, ...]) -> Any:
+        return self._drv.mem_alloc(max(4 * int(np.prod(shape)), 4))
+
+    def download(self, buffer: Any, shape: tuple[int, ...]) -> np.ndarray:
+        out = np.empty(shape, dtype=np.float32)
+        self._drv.memcpy_dtoh(out, buffer)
+        return out
+
+    def _launch(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
+        program(*buffers, block=kernel.block, grid=kernel.grid)
+
+    def run(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
+        try:
+            self._launch(program, kernel, buffers)
+            self._drv.Context.synchronize()
+        except self._drv.Error as err:
+            raise DeviceRuntimeError(str(err)) from None
+
+    def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int) -> float:
+        start, end = self._drv.Event(), self._drv.Event()
+        try:
+            start.record()
+            for _ in range(number):
+                self._launch(program, kernel, buffers)
+            end.record()
+            end.synchronize()
+        except self._drv.Error as err:
+            raise DeviceRuntimeError(str(err)) from None
+        return start.time_till(end) * 1e-3 / number

@@ -1,0 +1,76 @@
+"""The device interface every backend implements: build, move data, run, time."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from compiler.templates import Kernel
+from schemas import DeviceLimits, Target
+
+
+class BuildError(RuntimeError):
+    """The device compiler rejected a kernel (AutoTVM error 3, COMPILE_DEVICE)."""
+
+
+class DeviceRuntimeError(RuntimeError):
+    """A kernel failed while running (AutoTVM error 4, RUNTIME_DEVICE)."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What ``tuner devices`` shows and a worker registers with."""
+
+    spec: str  # how to open it again: "opencl:0", "cuda:0"
+    name: str
+    platform: str
+    target: Target
+    limits: DeviceLimits
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "name": self.name,
+            "platform": self.platform,
+            "target": str(self.target),
+            "limits": self.limits.model_dump(),
+        }
+
+
+class Device(ABC):
+    """One accelerator (or CPU) that builds and times generated kernels."""
+
+    info: DeviceInfo
+    dialect: str
+
+    @property
+    def target(self) -> Target:
+        return self.info.target
+
+    @property
+    def limits(self) -> DeviceLimits:
+        return self.info.limits
+
+    @abstractmethod
+    def build(self, kernel: Kernel) -> Any:
+        """Compile (cached by source); raises BuildError with the compiler's log."""
+
+    @abstractmethod
+    def upload(self, array: np.ndarray) -> Any: ...
+
+    @abstractmethod
+    def alloc(self, shape: tuple[int, ...]) -> Any: ...
+
+    @abstractmethod
+    def download(self, buffer: Any, shape: tuple[int, ...]) -> np.ndarray: ...
+
+    @abstractmethod
+    def run(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
+        """Launch once and wait; raises DeviceRuntimeError."""
+
+    @abstractmethod
+    def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int) -> float:
+        """Seconds per launch over ``number`` back-to-back launches, by device events."""

@@ -1,0 +1,140 @@
+"""Trials in a child process with a deadline, so a hanging or crashing kernel costs
+one trial (AutoTVM errors 6, 7 or 4), never the caller.
+
+The child opens its device once and serves trials over a pipe until it is killed; a
+trial past its deadline kills it and the next trial starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from compiler.runtime.measure import MeasureRequest, measure
+from schemas import MeasureErrorNo, MeasureResult
+
+
+def _serve(conn: Connection, device_spec: str | None, target: str | None,
+           extra_modules: tuple[str, ...]) -> None:
+    """The child's loop (run as ``python -m compiler.runtime.isolate FD``)."""
+    import importlib
+
+    from compiler.runtime import open_device
+
+    for name in extra_modules:  # templates registered outside the library (tests)
+        importlib.import_module(name)
+    try:
+        device = open_device(device_spec, target)
+    except Exception as err:  # report and exit: the parent turns it into results
+        conn.send(("error", f"cannot open device: {err}"))
+        return
+    conn.send(("ready", device.info))
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        result = measure(device, request, on_stage=lambda s: conn.send(("stage", s)))
+        conn.send(("result", result))
+
+
+class IsolatedMeasurer:
+    """A child process that owns one device and measures trials under a deadline."""
+
+    def __init__(self, device_spec: str | None = None, target: str | None = None,
+                 extra_modules: tuple[str, ...] = ()) -> None:
+        self._args = (device_spec, target, extra_modules)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+        self.device_info: Any = None
+
+    def _start(self) -> None:
+        # A fresh interpreter, not multiprocessing: no re-import of the caller's __main__
+        # and no OpenCL state inherited through fork.
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "compiler.runtime.isolate", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()], env=env,
+        )
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        self._conn.send(self._args)
+        try:
+            ready = self._conn.poll(120)
+            kind, payload = self._conn.recv() if ready else ("error", "device start timed out")
+        except (EOFError, OSError):
+            kind, payload = "error", f"measurement process exited with {self._exitcode()}"
+        if kind != "ready":
+            self.close()
+            raise RuntimeError(payload)
+        self.device_info = payload
+
+    def measure(self, request: MeasureRequest) -> MeasureResult:
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        assert self._conn is not None
+        start = time.time()
+        deadline = start + request.options.timeout_s
+        stage = "build"
+        self._conn.send(request)
+        while True:
+            left = deadline - time.time()
+            try:
+                ready = left > 0 and self._conn.poll(left)
+                if ready:
+                    kind, payload = self._conn.recv()
+            except (EOFError, OSError):
+                self.close()
+                return MeasureResult.failure(
+                    MeasureErrorNo.RUNTIME_DEVICE,
+                    f"measurement process died during {stage} (exit code "
+                    f"{self._exitcode()})", all_cost=time.time() - start)
+            if not ready:
+                self.close()
+                error_no = (MeasureErrorNo.RUN_TIMEOUT if stage == "run"
+                            else MeasureErrorNo.BUILD_TIMEOUT)
+                return MeasureResult.failure(
+                    error_no, f"{stage} did not finish within {request.options.timeout_s:g} s",
+                    all_cost=time.time() - start)
+            if kind == "stage":
+                stage = payload
+            else:
+                return payload
+
+    def _exitcode(self) -> int | None:
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(5)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc, self._conn = None, None
+
+    def __enter__(self) -> IsolatedMeasurer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _main() -> None:
+    conn = Connection(int(sys.argv[1]))
+    device_spec, target, extra_modules = conn.recv()
+    _serve(conn, device_spec, target, extra_modules)
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,102 @@
+"""Build, check against numpy, time: one trial, with AutoTVM's error numbers."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.runtime.device import BuildError, Device, DeviceRuntimeError
+from compiler.templates import ConfigError, Epilogue, Template, WorkloadError, get_template
+from schemas import Config, MeasureErrorNo, MeasureOptions, MeasureResult, Workload
+
+
+@dataclass(frozen=True)
+class MeasureRequest:
+    """Everything a (possibly remote, possibly child) process needs to run one trial."""
+
+    template: str
+    workload: Workload
+    config: Config
+    options: MeasureOptions = MeasureOptions()
+    epilogue: Epilogue = Epilogue()
+    seed: int = 0
+
+
+def max_abs_error_ok(out: np.ndarray, ref: np.ndarray, options: MeasureOptions) -> tuple[bool, str]:
+    """allclose with the absolute tolerance scaled to the output's magnitude.
+
+    float32 sums of thousands of terms legitimately differ from a float64 reference by
+    ~1e-6 of the largest partial sums; outputs that cancel to near zero would fail a
+    pure relative test, so the absolute term is ``atol * max|ref|``.
+    """
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    atol = options.atol * max(scale, 1.0)
+    if not np.all(np.isfinite(out)):
+        return False, "output has NaN or Inf"
+    diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+    bad = diff > atol + options.rtol * np.abs(ref)
+    if bad.any():
+        where = np.unravel_index(int(np.argmax(diff)), ref.shape)
+        return False, (f"{int(bad.sum())} of {ref.size} outputs differ from numpy; worst at "
+                       f"{tuple(int(i) for i in where)}: got {out[where]!r}, expected {ref[where]!r}")
+    return True, ""
+
+
+def measure(device: Device, request: MeasureRequest,
+            on_stage: Callable[[str], None] | None = None) -> MeasureResult:
+    """Run one trial on ``device``; every failure becomes a result, never an exception."""
+    start = time.time()
+
+    def fail(error_no: MeasureErrorNo, msg: str) -> MeasureResult:
+        return MeasureResult.failure(error_no, msg, all_cost=time.time() - start)
+
+    stage = on_stage or (lambda _s: None)
+    opts = request.options
+    try:
+        template: Template = get_template(request.template)
+        problems = template.check_limits(request.workload, request.config, device.limits)
+    except (KeyError, WorkloadError, ConfigError) as err:
+        return fail(MeasureErrorNo.INSTANTIATION_ERROR, str(err))
+    if problems:
+        return fail(MeasureErrorNo.INSTANTIATION_ERROR,
+                    f"config does not fit {device.info.name}: " + "; ".join(problems))
+    try:
+        kernel = template.codegen(request.workload, request.config, device.dialect,
+                                  request.epilogue)
+    except (WorkloadError, ConfigError) as err:
+        return fail(MeasureErrorNo.INSTANTIATION_ERROR, str(err))
+    stage("build")
+    try:
+        program = device.build(kernel)
+    except BuildError as err:
+        return fail(MeasureErrorNo.COMPILE_DEVICE, f"device compiler failed: {err}")
+    stage("run")
+    rng = np.random.default_rng(request.seed)
+    arrays = template.make_inputs(request.workload, request.epilogue, rng)
+    out_shape = template.output_shape(request.workload)
+    try:
+        buffers = [device.upload(a) for a in arrays]
+        out_buf = device.alloc(out_shape)
+        buffers.append(out_buf)
+        device.run(program, kernel, buffers)
+        if opts.check_correctness:
+            got = device.download(out_buf, out_shape)
+            ok, why = max_abs_error_ok(got, template.reference(request.workload, arrays,
+                                                               request.epilogue), opts)
+            if not ok:
+                return fail(MeasureErrorNo.WRONG_ANSWER, why)
+        number = opts.number
+        if opts.min_repeat_ms > 0:
+            once = device.time(program, kernel, buffers, 1)
+            number = max(number, math.ceil(opts.min_repeat_ms / 1e3 / max(once, 1e-9)))
+        costs = [device.time(program, kernel, buffers, number) for _ in range(opts.repeat)]
+    except DeviceRuntimeError as err:
+        return fail(MeasureErrorNo.RUNTIME_DEVICE, f"kernel failed on the device: {err}")
+    if len(costs) > 2:  # as AutoTVM: drop the fastest and slowest repeat
+        costs = sorted(costs)[1:-1]
+    return MeasureResult(costs=tuple(costs), error_no=MeasureErrorNo.NO_ERROR,
+                         all_cost=time.time() - start)

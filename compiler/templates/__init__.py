@@ -1,0 +1,55 @@
+"""The kernel library: one module per template, looked up by AutoTVM's template name."""
+
+from __future__ import annotations
+
+from compiler.templates import conv2d_nchw, dense_large_batch, dense_small_batch
+from compiler.templates.base import (
+    Buffer,
+    ConfigError,
+    Epilogue,
+    Kernel,
+    Template,
+    WorkloadError,
+)
+from compiler.templates.space import ConfigSpace
+
+_REGISTRY: dict[str, Template] = {
+    t.name: t
+    for t in (conv2d_nchw.TEMPLATE, dense_small_batch.TEMPLATE, dense_large_batch.TEMPLATE)
+}
+
+
+class UnknownTemplateError(KeyError):
+    def __str__(self) -> str:
+        return (f"unknown template {self.args[0]!r}; known: {', '.join(sorted(_REGISTRY))}")
+
+
+def get_template(name: str) -> Template:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownTemplateError(name) from None
+
+
+def template_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def register_template(template: Template) -> None:
+    """Add a template (tests register deliberately broken ones this way)."""
+    _REGISTRY[template.name] = template
+
+
+__all__ = [
+    "Buffer",
+    "ConfigError",
+    "ConfigSpace",
+    "Epilogue",
+    "Kernel",
+    "Template",
+    "UnknownTemplateError",
+    "WorkloadError",
+    "get_template",
+    "register_template",
+    "template_names",
+]

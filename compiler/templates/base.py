@@ -1,0 +1,238 @@
+"""What every template provides, and the pieces their generated kernels share."""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from compiler.templates.space import ConfigError, ConfigSpace
+from schemas import Config, DeviceLimits, Workload
+
+DIALECTS = ("cuda", "opencl")
+EPILOGUE_OPS = ("bias", "relu", "add")
+
+
+class WorkloadError(ValueError):
+    """Arguments that do not describe an operator this template can compute."""
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """Element-wise ops fused after the main computation, applied in order.
+
+    ``bias`` adds a per-output-channel vector, ``add`` a tensor of the output's shape
+    (a residual), ``relu`` clamps at zero: conv + bias + relu (+ add) in one kernel.
+    """
+
+    ops: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for op in self.ops:
+            if op not in EPILOGUE_OPS:
+                raise ValueError(f"epilogue op {op!r} is not one of {', '.join(EPILOGUE_OPS)}")
+        if self.ops.count("bias") > 1 or self.ops.count("add") > 1:
+            raise ValueError("epilogue: bias and add may each appear once")
+
+    @classmethod
+    def parse(cls, text: str) -> Epilogue:
+        return cls(tuple(op for op in text.replace("+", ",").split(",") if op.strip()))
+
+    def c_expr(self, value: str, bias: str, residual: str) -> str:
+        """The epilogue as a C expression over ``value``."""
+        for op in self.ops:
+            if op == "bias":
+                value = f"({value} + {bias})"
+            elif op == "add":
+                value = f"({value} + {residual})"
+            else:
+                value = f"fmax({value}, 0.0f)"
+        return value
+
+    def apply(self, out: np.ndarray, bias: np.ndarray | None, residual: np.ndarray | None,
+              channel_axis: int) -> np.ndarray:
+        for op in self.ops:
+            if op == "bias":
+                assert bias is not None
+                shape = [1] * out.ndim
+                shape[channel_axis] = -1
+                out = out + bias.reshape(shape)
+            elif op == "add":
+                out = out + residual
+            else:
+                out = np.maximum(out, 0)
+        return out.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One kernel argument: an array of ``shape`` read (``in``) or written (``out``)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    role: str = "in"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """Generated source plus how to launch it: CUDA grid/block = OpenCL groups/local size."""
+
+    source: str
+    entry: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    buffers: tuple[Buffer, ...]
+    dialect: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def global_size(self) -> tuple[int, int, int]:
+        return tuple(g * b for g, b in zip(self.grid, self.block))  # type: ignore[return-value]
+
+
+class Template(ABC):
+    """A tunable kernel family: config space, codegen, FLOPs, reference and features."""
+
+    name: str
+    # index of the output's channel axis, where a fused bias broadcasts
+    channel_axis: int = 1
+
+    def space(self, workload: Workload) -> ConfigSpace:
+        return _space_of(self, workload)
+
+    @abstractmethod
+    def parse(self, workload: Workload) -> Any:
+        """Typed operator parameters; raises WorkloadError naming the bad argument."""
+
+    @abstractmethod
+    def _space(self, op: Any) -> ConfigSpace: ...
+
+    @abstractmethod
+    def flops(self, workload: Workload) -> int: ...
+
+    @abstractmethod
+    def output_shape(self, workload: Workload) -> tuple[int, ...]: ...
+
+    @abstractmethod
+    def input_shapes(self, workload: Workload) -> list[tuple[int, ...]]: ...
+
+    @abstractmethod
+    def compute_reference(self, workload: Workload, inputs: list[np.ndarray]) -> np.ndarray:
+        """The operator in numpy, float64 accumulation: what every kernel is checked against."""
+
+    @abstractmethod
+    def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits) -> list[str]:
+        """Why this config cannot run on a device with ``limits`` (empty: it can)."""
+
+    @abstractmethod
+    def features(self, workload: Workload, config: Config) -> dict[str, float]:
+        """Cost-model features of a config; same keys for every config of the template."""
+
+    @abstractmethod
+    def default_config(self, workload: Workload) -> Config:
+        """AutoTVM's fallback config: what runs when nothing was tuned."""
+
+    @abstractmethod
+    def _codegen(self, op: Any, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel: ...
+
+    def codegen(self, workload: Workload, config: Config, dialect: str = "opencl",
+                epilogue: Epilogue = Epilogue()) -> Kernel:
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect {dialect!r} is not one of {', '.join(DIALECTS)}")
+        op = self.parse(workload)
+        knobs = self.decode(workload, config)
+        kernel = self._codegen(op, knobs, epilogue)
+        from compiler.templates.prelude import with_prelude
+
+        return Kernel(
+            source=with_prelude(kernel.source, dialect),
+            entry=kernel.entry,
+            grid=kernel.grid,
+            block=kernel.block,
+            buffers=kernel.buffers,
+            dialect=dialect,
+            meta=kernel.meta,
+        )
+
+    def decode(self, workload: Workload, config: Config) -> dict[str, Any]:
+        """Knob values of ``config``; raises ConfigError when it is not in the space."""
+        return self.space(workload).decode(config)
+
+    def random_config(self, workload: Workload, rng: random.Random,
+                      limits: DeviceLimits | None = None, tries: int = 10000) -> Config:
+        """A uniformly drawn config, redrawn until it fits ``limits``."""
+        space = self.space(workload)
+        for _ in range(tries):
+            config = space.sample(rng)
+            if limits is None or not self.check_limits(workload, config, limits):
+                return config
+        raise ConfigError(f"no config of {self.name} fits the device after {tries} draws")
+
+    def make_inputs(self, workload: Workload, epilogue: Epilogue,
+                    rng: np.random.Generator) -> list[np.ndarray]:
+        """Random operands (plus bias / residual the epilogue needs), as float32."""
+        arrays = [rng.uniform(-1, 1, size=s).astype(np.float32)
+                  for s in self.input_shapes(workload)]
+        out_shape = self.output_shape(workload)
+        if "bias" in epilogue.ops:
+            arrays.append(rng.uniform(-1, 1, size=out_shape[self.channel_axis]).astype(np.float32))
+        if "add" in epilogue.ops:
+            arrays.append(rng.uniform(-1, 1, size=out_shape).astype(np.float32))
+        return arrays
+
+    def reference(self, workload: Workload, arrays: list[np.ndarray],
+                  epilogue: Epilogue = Epilogue()) -> np.ndarray:
+        n_main = len(self.input_shapes(workload))
+        out = self.compute_reference(workload, arrays[:n_main])
+        extra = iter(arrays[n_main:])
+        bias = next(extra) if "bias" in epilogue.ops else None
+        residual = next(extra) if "add" in epilogue.ops else None
+        return epilogue.apply(out, bias, residual, self.channel_axis)
+
+
+@lru_cache(maxsize=512)
+def _space_of(template: Template, workload: Workload) -> ConfigSpace:
+    # Spaces are asked for on every decode and limit check; building one enumerates splits.
+    return template._space(template.parse(workload))
+
+
+def epilogue_buffers(epilogue: Epilogue, out_shape: tuple[int, ...],
+                     channel_axis: int) -> list[Buffer]:
+    bufs = []
+    if "bias" in epilogue.ops:
+        bufs.append(Buffer("bias", (out_shape[channel_axis],)))
+    if "add" in epilogue.ops:
+        bufs.append(Buffer("residual", out_shape))
+    return bufs
+
+
+def tensor_shape(arg: Any, what: str, ndim: int) -> tuple[tuple[int, ...], str]:
+    """Shape and dtype of an AutoTVM ``["TENSOR", shape, dtype]`` argument."""
+    if not (isinstance(arg, (list, tuple)) and len(arg) == 3 and arg[0] == "TENSOR"):
+        raise WorkloadError(f"{what}: expected [\"TENSOR\", shape, dtype], got {arg!r}")
+    shape, dtype = arg[1], arg[2]
+    if not isinstance(shape, (list, tuple)) or len(shape) != ndim or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape
+    ):
+        raise WorkloadError(f"{what}: shape must be {ndim} positive integers, got {shape!r}")
+    if dtype != "float32":
+        raise WorkloadError(f"{what}: dtype {dtype!r} is not supported (float32 only)")
+    return tuple(shape), dtype
+
+
+def int_pair(arg: Any, what: str, length: int = 2, minimum: int = 1) -> tuple[int, ...]:
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        arg = [arg] * length
+    if not isinstance(arg, (list, tuple)) or len(arg) != length or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in arg
+    ):
+        raise WorkloadError(f"{what}: expected {length} integers >= {minimum}, got {arg!r}")
+    return tuple(arg)
+
+
+__all__ = ["Buffer", "ConfigError", "Epilogue", "Kernel", "Template", "WorkloadError"]

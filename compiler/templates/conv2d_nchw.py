@@ -1,0 +1,247 @@
+"""``conv2d_nchw.cuda``: AutoTVM's direct conv2d schedule for GPUs.
+
+Each block computes a (tile_f x tile_y x tile_x) output tile; the 4-way splits bind to
+block / virtual thread / thread / inner. Per (rc, ry, rx) outer step, the block fetches
+the input window and weight slice it needs into local (shared) memory cooperatively,
+then every thread accumulates its register tile. A TopHub config means the same here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from compiler.templates.base import Buffer, Epilogue, Kernel, Template, epilogue_buffers
+from compiler.templates.emit import AUTO, VTHREAD, Unroll, indent, loop_nest, signature
+from compiler.templates.ops import Conv2dOp
+from compiler.templates.space import ConfigError, ConfigSpace, OtherKnob, SplitKnob
+from schemas import Config, DeviceLimits, Workload
+
+SPATIAL = ("tile_f", "tile_y", "tile_x")
+
+
+class Conv2dNCHW(Template):
+    name = "conv2d_nchw.cuda"
+
+    def parse(self, workload: Workload) -> Conv2dOp:
+        return Conv2dOp.from_args(workload.args)
+
+    def _space(self, op: Conv2dOp) -> ConfigSpace:
+        return ConfigSpace([
+            SplitKnob("tile_f", op.co, 4),
+            SplitKnob("tile_y", op.oh, 4),
+            SplitKnob("tile_x", op.ow, 4),
+            SplitKnob("tile_rc", op.c, 2),
+            SplitKnob("tile_ry", op.kh, 2),
+            SplitKnob("tile_rx", op.kw, 2),
+            OtherKnob("auto_unroll_max_step", (0, 512, 1500)),
+            OtherKnob("unroll_explicit", (0, 1)),
+        ])
+
+    def decode(self, workload: Workload, config: Config) -> dict[str, Any]:
+        space = self.space(workload)
+        try:
+            return space.decode(config)
+        except ConfigError as first:
+            # TopHub's cuda log (v0.10) names the kernel-height split tile_rx and the
+            # width split tile_ry; with kh != kw only one reading multiplies out.
+            swapped = _swap_ry_rx(config)
+            if swapped is None:
+                raise
+            try:
+                return space.decode(swapped)
+            except ConfigError:
+                raise first from None
+
+    def flops(self, workload: Workload) -> int:
+        return self.parse(workload).flops
+
+    def output_shape(self, workload: Workload) -> tuple[int, ...]:
+        return self.parse(workload).output_shape
+
+    def input_shapes(self, workload: Workload) -> list[tuple[int, ...]]:
+        return self.parse(workload).input_shapes
+
+    def compute_reference(self, workload: Workload, inputs: list[np.ndarray]) -> np.ndarray:
+        return self.parse(workload).reference(*inputs)
+
+    def default_config(self, workload: Workload) -> Config:
+        """AutoTVM's fallback for the direct schedule: a thread per output, 8x8 blocks."""
+        op = self.parse(workload)
+        space = self.space(workload)
+        knobs = {k.name: k for k in space.knobs if isinstance(k, SplitKnob)}
+        values: dict[str, Any] = {
+            "tile_f": knobs["tile_f"].nearest((1, 8, 1)),
+            "tile_y": knobs["tile_y"].nearest((1, 8, 1)),
+            "tile_x": knobs["tile_x"].nearest((1, 8, 1)),
+            "tile_rc": knobs["tile_rc"].nearest((8,)),
+            "tile_ry": knobs["tile_ry"].nearest((op.kh,)),
+            "tile_rx": knobs["tile_rx"].nearest((op.kw,)),
+            "auto_unroll_max_step": 512,
+            "unroll_explicit": 0,
+        }
+        return space.to_config(values)
+
+    def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits) -> list[str]:
+        try:
+            k = self.decode(workload, config)
+        except ConfigError as err:
+            return [str(err)]
+        t = _Tiles(self.parse(workload), k)
+        problems = []
+        if t.threads > limits.max_threads_per_block:
+            problems.append(f"{t.threads} threads per block > {limits.max_threads_per_block}")
+        for axis, n, cap in (("x", t.tx, limits.max_thread_x), ("y", t.ty, limits.max_thread_y),
+                             ("z", t.tf, limits.max_thread_z)):
+            if n > cap:
+                problems.append(f"{n} threads in {axis} > {cap}")
+        if t.shared_bytes > limits.max_shared_memory_per_block:
+            problems.append(
+                f"{t.shared_bytes} bytes of local memory > {limits.max_shared_memory_per_block}"
+            )
+        if t.acc_size > limits.max_local_elements:
+            problems.append(f"{t.acc_size} accumulators per thread > {limits.max_local_elements}")
+        return problems
+
+    def features(self, workload: Workload, config: Config) -> dict[str, float]:
+        op = self.parse(workload)
+        k = self.decode(workload, config)
+        t = _Tiles(op, k)
+        feats: dict[str, float] = {}
+        for name in (*SPATIAL, "tile_rc", "tile_ry", "tile_rx"):
+            for i, f in enumerate(k[name]):
+                feats[f"{name}.{i}"] = math.log2(f)
+        blocks = op.n * t.bf * t.by * t.bx
+        loads = (t.aa_size + t.ww_size) * t.rco * t.ryo * t.rxo
+        feats.update(
+            auto_unroll_max_step=float(k["auto_unroll_max_step"]),
+            unroll_explicit=float(k["unroll_explicit"]),
+            log_threads=math.log2(t.threads),
+            log_blocks=math.log2(blocks),
+            log_acc=math.log2(t.acc_size),
+            log_shared_bytes=math.log2(t.shared_bytes),
+            log_reduction_steps=math.log2(t.rco * t.ryo * t.rxo),
+            flops_per_shared_load=op.flops / max(blocks * loads, 1),
+        )
+        return feats
+
+    def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel:
+        t = _Tiles(op, knobs)
+        unroll = Unroll(knobs["auto_unroll_max_step"], bool(knobs["unroll_explicit"]))
+        sh, sw = op.stride
+        dh, dw = op.dilation
+        ah, aw = t.ah, t.aw
+        out_shape = op.output_shape
+        extra = epilogue_buffers(epilogue, out_shape, 1)
+
+        acc_loops = [("vf", t.vf, VTHREAD), ("fi", t.fi, AUTO), ("vy", t.vy, VTHREAD),
+                     ("yi", t.yi, AUTO), ("vx", t.vx, VTHREAD), ("xi", t.xi, AUTO)]
+        acc_index = (f"((vf * {t.fi} + fi) * {t.vy * t.yi} + vy * {t.yi} + yi) * {t.vx * t.xi}"
+                     f" + vx * {t.xi} + xi")
+        local_f = f"((vf * {t.tf} + tz) * {t.fi} + fi)"
+        local_y = f"((vy * {t.ty} + ty) * {t.yi} + yi)"
+        local_x = f"((vx * {t.tx} + tx) * {t.xi} + xi)"
+
+        body = [
+            signature("conv2d_nchw_kernel", ["data", "weight", *[b.name for b in extra]],
+                      "out") + " {",
+            f"  LOCAL float AA[{t.aa_size}];",
+            f"  LOCAL float WW[{t.ww_size}];",
+            f"  float acc[{t.acc_size}];",
+            "  const int tx = THREAD_X, ty = THREAD_Y, tz = THREAD_Z;",
+            f"  const int tid = (tz * {t.ty} + ty) * {t.tx} + tx;",
+            f"  const int n = BLOCK_Z / {t.bf};",
+            f"  const int f0 = (BLOCK_Z % {t.bf}) * {t.block_f};",
+            f"  const int y0 = BLOCK_Y * {t.block_y};",
+            f"  const int x0 = BLOCK_X * {t.block_x};",
+        ]
+        body += indent(loop_nest(acc_loops, [f"acc[{acc_index}] = 0.0f;"], unroll))
+        fetch = [
+            "BARRIER();",
+            f"for (int i = tid; i < {t.aa_size}; i += {t.threads}) {{",
+            f"  const int c = i / {ah * aw}, r = (i / {aw}) % {ah}, s = i % {aw};",
+            f"  const int ih = y0 * {sh} + ryo * {t.ryi * dh} - {op.pad[0]} + r;",
+            f"  const int iw = x0 * {sw} + rxo * {t.rxi * dw} - {op.pad[1]} + s;",
+            f"  AA[i] = (ih >= 0 && ih < {op.h} && iw >= 0 && iw < {op.w})",
+            f"      ? data[((n * {op.c} + rco * {t.rci} + c) * {op.h} + ih) * {op.w} + iw]"
+            " : 0.0f;",
+            "}",
+            f"for (int i = tid; i < {t.ww_size}; i += {t.threads}) {{",
+            f"  const int lf = i / {t.rci * t.ryi * t.rxi}, c = (i / {t.ryi * t.rxi}) % {t.rci};",
+            f"  const int ky = (i / {t.rxi}) % {t.ryi}, kx = i % {t.rxi};",
+            f"  WW[i] = weight[(((f0 + lf) * {op.c} + rco * {t.rci} + c) * {op.kh}"
+            f" + ryo * {t.ryi} + ky) * {op.kw} + rxo * {t.rxi} + kx];",
+            "}",
+            "BARRIER();",
+        ]
+        inner = [
+            f"acc[{acc_index}] += AA[(rci * {ah} + {local_y} * {sh} + ryi * {dh}) * {aw}"
+            f" + {local_x} * {sw} + rxi * {dw}]"
+            f" * WW[(({local_f} * {t.rci} + rci) * {t.ryi} + ryi) * {t.rxi} + rxi];"
+        ]
+        compute = loop_nest([("rci", t.rci, AUTO), ("ryi", t.ryi, AUTO), ("rxi", t.rxi, AUTO),
+                             *acc_loops],
+                            inner, unroll)
+        reduction = loop_nest([("rco", t.rco, AUTO), ("ryo", t.ryo, AUTO), ("rxo", t.rxo, AUTO)],
+                              fetch + compute, Unroll())
+        body += indent(reduction)
+        value = epilogue.c_expr(f"acc[{acc_index}]", "bias[f]", "residual[o]")
+        store = [
+            f"const int f = f0 + {local_f};",
+            f"const int o = ((n * {op.co} + f) * {op.oh} + y0 + {local_y}) * {op.ow}"
+            f" + x0 + {local_x};",
+            f"out[o] = {value};",
+        ]
+        body += indent(loop_nest(acc_loops, store, unroll))
+        body.append("}")
+        buffers = (
+            Buffer("data", op.input_shapes[0]),
+            Buffer("weight", op.input_shapes[1]),
+            *extra,
+            Buffer("out", out_shape, role="out"),
+        )
+        return Kernel(
+            source="\n".join(body) + "\n",
+            entry="conv2d_nchw_kernel",
+            grid=(t.bx, t.by, op.n * t.bf),
+            block=(t.tx, t.ty, t.tf),
+            buffers=buffers,
+            dialect="",
+            meta={"shared_bytes": t.shared_bytes, "threads": t.threads},
+        )
+
+
+class _Tiles:
+    """Tile extents a config implies, named as the schedule binds them."""
+
+    def __init__(self, op: Conv2dOp, k: dict[str, Any]) -> None:
+        self.bf, self.vf, self.tf, self.fi = k["tile_f"]
+        self.by, self.vy, self.ty, self.yi = k["tile_y"]
+        self.bx, self.vx, self.tx, self.xi = k["tile_x"]
+        self.rco, self.rci = k["tile_rc"]
+        self.ryo, self.ryi = k["tile_ry"]
+        self.rxo, self.rxi = k["tile_rx"]
+        self.block_f = self.vf * self.tf * self.fi
+        self.block_y = self.vy * self.ty * self.yi
+        self.block_x = self.vx * self.tx * self.xi
+        self.threads = self.tf * self.ty * self.tx
+        self.acc_size = self.vf * self.fi * self.vy * self.yi * self.vx * self.xi
+        self.ah = (self.block_y - 1) * op.stride[0] + (self.ryi - 1) * op.dilation[0] + 1
+        self.aw = (self.block_x - 1) * op.stride[1] + (self.rxi - 1) * op.dilation[1] + 1
+        self.aa_size = self.rci * self.ah * self.aw
+        self.ww_size = self.block_f * self.rci * self.ryi * self.rxi
+        self.shared_bytes = 4 * (self.aa_size + self.ww_size)
+
+
+def _swap_ry_rx(config: Config) -> Config | None:
+    names = {e.name for e in config.entity}
+    if not {"tile_ry", "tile_rx"} <= names:
+        return None
+    rename = {"tile_ry": "tile_rx", "tile_rx": "tile_ry"}
+    entity = [e.model_copy(update={"name": rename.get(e.name, e.name)}) for e in config.entity]
+    return config.model_copy(update={"entity": tuple(entity)})
+
+
+TEMPLATE = Conv2dNCHW()

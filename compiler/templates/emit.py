@@ -1,0 +1,70 @@
+"""Small helpers for writing kernel C: loop nests that honour the unroll knobs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+# How a loop is annotated in the schedule: virtual threads are always expanded in the
+# source (as TVM's vthread injection does), ``auto`` loops follow the auto-unroll knobs.
+VTHREAD, AUTO = "vthread", "auto"
+
+
+@dataclass(frozen=True)
+class Unroll:
+    """AutoTVM's ``auto_unroll_max_step`` / ``unroll_explicit`` pragmas.
+
+    An ``auto`` loop whose nest (itself and every loop inside it) runs at most
+    ``max_step`` iterations is unrolled: in the source when ``explicit``, else by
+    ``#pragma unroll``.
+    """
+
+    max_step: int = 0
+    explicit: bool = False
+
+    def modes(self, loops: Sequence[tuple[str, int, str]]) -> list[str]:
+        modes, steps = [], 1
+        for _, extent, kind in reversed(loops):
+            steps *= extent
+            if kind == VTHREAD:
+                modes.append("explicit")
+            elif self.max_step > 0 and steps <= self.max_step:
+                modes.append("explicit" if self.explicit else "pragma")
+            else:
+                modes.append("plain")
+        return list(reversed(modes))
+
+
+def loop_nest(loops: Sequence[tuple[str, int, str]], body: list[str],
+              unroll: Unroll) -> list[str]:
+    """Emit ``for`` loops over ``(var, extent, kind)`` (outermost first) around ``body``."""
+    modes = unroll.modes(loops)
+    lines = body
+    for (var, extent, _), mode in reversed(list(zip(loops, modes))):
+        lines = _loop(var, extent, lines, mode)
+    return lines
+
+
+def _loop(var: str, extent: int, body: list[str], mode: str) -> list[str]:
+    if extent == 1:
+        return ["{", f"  const int {var} = 0;", *indent(body), "}"]
+    if mode == "explicit":
+        out: list[str] = []
+        for k in range(extent):
+            out += ["{", f"  const int {var} = {k};", *indent(body), "}"]
+        return out
+    head = [f"for (int {var} = 0; {var} < {extent}; ++{var}) {{"]
+    if mode == "pragma":
+        head.insert(0, "#pragma unroll")
+    return [*head, *indent(body), "}"]
+
+
+def indent(lines: list[str]) -> list[str]:
+    return [("  " + line) if line and not line.startswith("#") else line for line in lines]
+
+
+def signature(entry: str, inputs: Sequence[str], output: str) -> str:
+    params = [f"GLOBAL const float* RESTRICT {name}" for name in inputs]
+    params.append(f"GLOBAL float* RESTRICT {output}")
+    return f"KERNEL void {entry}(" + ", ".join(params) + ")"

@@ -1,0 +1,222 @@
+"""Config spaces with AutoTVM's encoding: split and other knobs, mixed-radix ``index``.
+
+A TopHub record names its config by ``index`` (mixed radix over the knobs in definition
+order, first knob least significant) and by ``entity``; both decode to the same point
+here only if knobs enumerate their values exactly as AutoTVM does, which this module
+reproduces (split factors by depth-first search over the divisors, innermost factor
+varying slowest).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import Any
+
+from schemas import Config, KnobEntity
+
+
+class ConfigError(ValueError):
+    """A config that is not a point of this space (AutoTVM's instantiation error)."""
+
+
+def divisors(n: int) -> list[int]:
+    small = [i for i in range(1, math.isqrt(n) + 1) if n % i == 0]
+    return sorted(set(small + [n // i for i in small]))
+
+
+def _prod(values: Sequence[int]) -> int:
+    return reduce(lambda a, b: a * b, values, 1)
+
+
+@dataclass(frozen=True)
+class SplitKnob:
+    """Split an axis of ``extent`` into ``num_outputs`` exact factors (outermost first)."""
+
+    name: str
+    extent: int
+    num_outputs: int
+    keep: Callable[[tuple[int, ...]], bool] | None = field(default=None, compare=False)
+    kind: str = "sp"
+
+    def __post_init__(self) -> None:
+        if self.extent < 1 or self.num_outputs < 1:
+            raise ConfigError(f"{self.name}: cannot split extent {self.extent}")
+        factors = divisors(self.extent)
+        found: list[tuple[int, ...]] = []
+        stack: list[int] = [1] * (self.num_outputs - 1)
+
+        def dfs(depth: int) -> None:
+            if depth == self.num_outputs - 1:
+                inner = _prod(stack)
+                if self.extent % inner == 0:
+                    found.append((self.extent // inner, *reversed(stack)))
+                return
+            for f in factors:
+                stack[depth] = f
+                dfs(depth + 1)
+
+        dfs(0)
+        if self.keep is not None:
+            found = [e for e in found if self.keep(e)]
+        object.__setattr__(self, "values", tuple(found))
+        object.__setattr__(self, "_where", {e: i for i, e in enumerate(found)})
+
+    values: tuple[tuple[int, ...], ...] = field(init=False, compare=False)
+    _where: dict[tuple[int, ...], int] = field(init=False, compare=False, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def encode(self, value: tuple[int, ...]) -> Any:
+        # Modern AutoTVM writes -1 for the outermost factor: it is implied by the rest.
+        return [-1, *value[1:]]
+
+    def decode(self, value: Any) -> tuple[int, ...]:
+        if not isinstance(value, (list, tuple)) or len(value) != self.num_outputs:
+            raise ConfigError(f"{self.name}: expected a split of {self.num_outputs} factors")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{self.name}: split factors must be integers, got {list(value)}")
+        inner = list(value[1:])
+        if any(v < 1 for v in inner) or self.extent % max(_prod(inner), 1):
+            raise ConfigError(
+                f"{self.name}: inner factors {inner} do not divide the extent {self.extent}"
+            )
+        outer = self.extent // _prod(inner)
+        if value[0] not in (-1, outer):
+            raise ConfigError(
+                f"{self.name}: {list(value)} multiplies to "
+                f"{value[0] * _prod(inner)}, not the extent {self.extent}"
+            )
+        full = (outer, *inner)
+        if full not in self._where:
+            raise ConfigError(f"{self.name}: {list(full)} is pruned from this space")
+        return full
+
+    def index_of(self, value: tuple[int, ...]) -> int:
+        return self._where[value]
+
+    def nearest(self, inner: Sequence[int]) -> tuple[int, ...]:
+        """The value whose inner factors are closest (in log scale) to ``inner``.
+
+        AutoTVM's fallback configs may leave tails ([-1, 16, 2] on an extent of 24); our
+        kernels need exact splits, so a fallback takes the nearest exact one instead.
+        """
+        def distance(value: tuple[int, ...]) -> float:
+            return sum(abs(math.log2(v) - math.log2(w)) for v, w in zip(value[1:], inner))
+
+        return min(self.values, key=distance)
+
+
+@dataclass(frozen=True)
+class OtherKnob:
+    """A knob picked from a list of candidates (AutoTVM's define_knob, kind ``ot``)."""
+
+    name: str
+    candidates: tuple[Any, ...]
+    kind: str = "ot"
+
+    @property
+    def values(self) -> tuple[Any, ...]:
+        return self.candidates
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    def encode(self, value: Any) -> Any:
+        return value
+
+    def decode(self, value: Any) -> Any:
+        for cand in self.candidates:
+            # TopHub writes both 0/1 and false/true; Python's 1 == True maps them together.
+            if cand == value:
+                return cand
+        raise ConfigError(f"{self.name}: {value!r} is not one of {list(self.candidates)}")
+
+    def index_of(self, value: Any) -> int:
+        return self.candidates.index(value)
+
+
+Knob = SplitKnob | OtherKnob
+
+
+class ConfigSpace:
+    """The product of a template's knobs for one workload."""
+
+    def __init__(self, knobs: Sequence[Knob]) -> None:
+        self.knobs: tuple[Knob, ...] = tuple(knobs)
+        self._by_name = {k.name: k for k in self.knobs}
+        for knob in self.knobs:
+            if len(knob) == 0:
+                raise ConfigError(f"{knob.name}: no valid value for this workload")
+
+    def __len__(self) -> int:
+        return _prod([len(k) for k in self.knobs])
+
+    def __iter__(self) -> Iterator[Knob]:
+        return iter(self.knobs)
+
+    def values_at(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < len(self):
+            raise ConfigError(f"index {index} is outside the space of {len(self)} configs")
+        out: dict[str, Any] = {}
+        for knob in self.knobs:
+            index, pos = divmod(index, len(knob))
+            out[knob.name] = knob.values[pos]
+        return out
+
+    def index_of(self, values: dict[str, Any]) -> int:
+        index, stride = 0, 1
+        for knob in self.knobs:
+            index += knob.index_of(values[knob.name]) * stride
+            stride *= len(knob)
+        return index
+
+    def get(self, index: int) -> Config:
+        return self.to_config(self.values_at(index))
+
+    def to_config(self, values: dict[str, Any]) -> Config:
+        entity = [
+            KnobEntity(name=k.name, kind=k.kind, value=k.encode(values[k.name]))
+            for k in self.knobs
+        ]
+        return Config(index=self.index_of(values), entity=tuple(entity))
+
+    def decode(self, config: Config) -> dict[str, Any]:
+        """Knob values of a config, read from its entity (AutoTVM applies the entity)."""
+        given = {item.name: item for item in config.entity}
+        missing = [k.name for k in self.knobs if k.name not in given]
+        extra = [n for n in given if n not in self._by_name]
+        if missing or extra:
+            raise ConfigError(
+                "config knobs do not match the space: "
+                + ", ".join([f"missing {m}" for m in missing] + [f"unknown {e}" for e in extra])
+            )
+        out = {}
+        for knob in self.knobs:
+            item = given[knob.name]
+            if item.kind != knob.kind:
+                raise ConfigError(f"{knob.name}: kind {item.kind!r}, expected {knob.kind!r}")
+            out[knob.name] = knob.decode(item.value)
+        return out
+
+    def normalize(self, config: Config) -> Config:
+        """The same point, re-encoded: entity in definition order and its true index."""
+        return self.to_config(self.decode(config))
+
+    def sample(self, rng: random.Random) -> Config:
+        return self.get(rng.randrange(len(self)))
+
+    def describe(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for k in self.knobs:
+            row: dict[str, Any] = {"name": k.name, "kind": k.kind, "size": len(k)}
+            if isinstance(k, SplitKnob):
+                row.update(extent=k.extent, num_outputs=k.num_outputs)
+            else:
+                row.update(candidates=list(k.candidates))
+            rows.append(row)
+        return rows

@@ -1,0 +1,22 @@
+"""What a device can run: the limits a config is checked against before it is built."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DeviceLimits(BaseModel):
+    """Per-block limits, as a GPU driver reports them (AutoTVM's gpu verify pass uses the same)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_threads_per_block: int = Field(1024, gt=0)
+    max_thread_x: int = Field(1024, gt=0)
+    max_thread_y: int = Field(1024, gt=0)
+    max_thread_z: int = Field(64, gt=0)
+    max_shared_memory_per_block: int = Field(48 * 1024, gt=0)
+    # Per-thread register tile (accumulators + cached operands), in elements. Past this a
+    # kernel spills to slow memory or, on CPU OpenCL, blows the work-item stack.
+    max_local_elements: int = Field(1024, gt=0)
+    warp_size: int = Field(32, gt=0)
+    compute_units: int = Field(1, gt=0)

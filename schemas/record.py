@@ -1,0 +1,144 @@
+"""One measured trial as one AutoTVM v0.2 JSON log line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from schemas.config import Config
+from schemas.measure import MeasureErrorNo, MeasureInput, MeasureResult
+from schemas.target import Target
+from schemas.workload import Workload
+
+LOG_VERSION = 0.2
+TVM_VERSION = "0.7.dev0"  # what AutoTVM readers expect to see beside version 0.2
+
+
+class RecordFormatError(ValueError):
+    """A log line that is not a valid AutoTVM v0.2 record; the message names the field."""
+
+
+class Record(BaseModel):
+    """A measured trial; ``info`` carries worker and device facts AutoTVM readers ignore."""
+
+    model_config = ConfigDict(frozen=True)
+
+    target: Target
+    workload: Workload
+    kwargs: dict[str, Any] = {}
+    config: Config
+    result: MeasureResult
+    version: float = LOG_VERSION
+    tvm_version: str = TVM_VERSION
+    info: dict[str, Any] | None = None
+
+    @property
+    def input(self) -> MeasureInput:
+        return MeasureInput(target=self.target, workload=self.workload, config=self.config)
+
+    @classmethod
+    def from_measure(
+        cls, inp: MeasureInput, result: MeasureResult, info: dict[str, Any] | None = None
+    ) -> Record:
+        return cls(
+            target=inp.target, workload=inp.workload, config=inp.config, result=result, info=info
+        )
+
+    @classmethod
+    def from_line(cls, line: str) -> Record:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise RecordFormatError(f"not JSON: {err}") from None
+        return cls.from_json(row)
+
+    @classmethod
+    def from_json(cls, row: Any) -> Record:
+        if not isinstance(row, dict):
+            raise RecordFormatError("a record line must be a JSON object")
+        if "v" in row or "i" in row:
+            raise RecordFormatError(
+                f"AutoTVM log version {row.get('v', '0.1')} is not supported: "
+                "only v0.2 lines ({\"input\", \"config\", \"result\", \"version\": 0.2}) are read"
+            )
+        for field in ("input", "config", "result"):
+            if field not in row:
+                raise RecordFormatError(f"missing field {field!r}")
+        version = row.get("version", LOG_VERSION)
+        if version != LOG_VERSION:
+            raise RecordFormatError(f"version: {version!r} is not {LOG_VERSION}")
+        inp = row["input"]
+        if not isinstance(inp, list) or len(inp) not in (3, 4):
+            raise RecordFormatError("input: must be [target, template, args, kwargs]")
+        res = row["result"]
+        if not isinstance(res, list) or len(res) != 4:
+            raise RecordFormatError("result: must be [costs, error_no, all_cost, timestamp]")
+        costs, error_no, all_cost, timestamp = res
+        info = row.get("info")
+        try:
+            return cls(
+                target=inp[0],
+                workload=Workload(template=inp[1], args=inp[2]),
+                kwargs=inp[3] if len(inp) == 4 else {},
+                config=row["config"],
+                result=MeasureResult(
+                    costs=costs,
+                    error_no=error_no,
+                    all_cost=all_cost,
+                    timestamp=timestamp,
+                    error_msg=(info or {}).get("error_msg"),
+                ),
+                version=version,
+                tvm_version=row.get("tvm_version", TVM_VERSION),
+                info=info,
+            )
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "record"
+            raise RecordFormatError(f"{where}: {first['msg']}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "input": [
+                str(self.target),
+                self.workload.template,
+                self.workload.args_json(),
+                self.kwargs,
+            ],
+            "config": self.config.to_json(),
+            "result": [
+                list(self.result.costs),
+                int(self.result.error_no),
+                self.result.all_cost,
+                self.result.timestamp,
+            ],
+            "version": self.version,
+            "tvm_version": self.tvm_version,
+        }
+        info = dict(self.info or {})
+        if self.result.error_msg and "error_msg" not in info:
+            info["error_msg"] = self.result.error_msg
+        if info:
+            row["info"] = info
+        return row
+
+    def to_line(self) -> str:
+        return json.dumps(self.to_json())
+
+
+def read_lines(lines: Iterable[str]) -> Iterator[tuple[int, Record | RecordFormatError]]:
+    """Yield (line number, record or error) for each non-blank, non-comment line."""
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            yield number, Record.from_line(text)
+        except RecordFormatError as err:
+            yield number, err
+
+
+__all__ = ["MeasureErrorNo", "Record", "RecordFormatError", "read_lines"]
