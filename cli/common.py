@@ -54,14 +54,19 @@ def load_config(template: Template, workload: Workload, config: str | None,
     if (config is None) == (index is None):
         fail("give exactly one of --config JSON or --index N")
     space = template.space(workload)
-    try:
-        if index is not None:
+    if index is not None:
+        try:
             return space.get(index)
-        raw = parse_json(config or "", "--config")
-        return Config.model_validate(raw)
+        except ConfigError as err:
+            fail(f"--index: {err}")
+    raw = parse_json(config or "", "--config")
+    try:
+        cfg = Config.model_validate(raw)
+        template.decode(workload, cfg)  # knob names and splits must fit this space
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         fail(f"--config: {where}: {first['msg']}")
     except ConfigError as err:
-        fail(f"--index: {err}")
+        fail(f"--config: {err}")
+    return cfg

@@ -58,9 +58,10 @@ def measure(device: Device, request: MeasureRequest,
     opts = request.options
     try:
         template: Template = get_template(request.template)
-        problems = template.check_limits(request.workload, request.config, device.limits)
+        template.decode(request.workload, request.config)
     except (KeyError, WorkloadError, ConfigError) as err:
-        return fail(MeasureErrorNo.INSTANTIATION_ERROR, str(err))
+        return fail(MeasureErrorNo.INSTANTIATION_ERROR, f"not a config of this space: {err}")
+    problems = template.check_limits(request.workload, request.config, device.limits)
     if problems:
         return fail(MeasureErrorNo.INSTANTIATION_ERROR,
                     f"config does not fit {device.info.name}: " + "; ".join(problems))

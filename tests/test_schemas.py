@@ -1,0 +1,266 @@
+"""Schemas: target strings, configs with -1 splits, and AutoTVM v0.2 log lines (TopHub)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from compiler.templates import ConfigError, get_template
+from schemas import (
+    Config,
+    KnobEntity,
+    MeasureErrorNo,
+    Record,
+    RecordFormatError,
+    Target,
+    Workload,
+)
+from schemas.record import read_lines
+
+TOPHUB = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tophub"
+TOPHUB_COUNTS = {
+    "cuda_v0.10.log": 825,
+    "rocm_v0.05.log": 217,
+    "opencl_v0.04.log": 97,
+    "llvm_v0.04.log": 35,
+}
+
+# A real TopHub line (cuda_v0.10.log, first line), used as the base for malformed variants.
+GOOD_LINE: dict[str, Any] = {
+    "input": [
+        "cuda -model=titanx",
+        "conv2d_nchw.cuda",
+        [["TENSOR", [1, 2048, 8, 8], "float32"], ["TENSOR", [192, 2048, 1, 1], "float32"],
+         [1, 1], [0, 0, 0, 0], [1, 1], "float32"],
+        {},
+    ],
+    "config": {
+        "index": 8797896,
+        "code_hash": None,
+        "entity": [
+            ["tile_f", "sp", [6, 1, 32, 1]], ["tile_y", "sp", [4, 1, 2, 1]],
+            ["tile_x", "sp", [1, 1, 8, 1]], ["tile_rc", "sp", [64, 32]],
+            ["tile_rx", "sp", [1, 1]], ["tile_ry", "sp", [1, 1]],
+            ["auto_unroll_max_step", "ot", 1500], ["unroll_explicit", "ot", 1],
+        ],
+    },
+    "result": [[5.69732536806342e-05], 0, 14.116215467453003, 1535423916.7184713],
+    "version": 0.2,
+    "tvm_version": "0.7.dev0",
+}
+
+
+def _line(mutate: Any = None) -> str:
+    """GOOD_LINE with ``mutate(row)`` applied, as one JSON line."""
+    row = copy.deepcopy(GOOD_LINE)
+    if mutate is not None:
+        mutate(row)
+    return json.dumps(row)
+
+
+# --- targets -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "model", "arch", "keys"),
+    [
+        ("cuda -model=h200 -arch=sm_90", "cuda", "h200", "sm_90", ("cuda", "gpu")),
+        ("rocm -model=gfx90a", "rocm", "gfx90a", None, ("rocm", "gpu")),
+        ("opencl -model=pocl-cpu", "opencl", "pocl-cpu", None, ("opencl", "gpu")),
+    ],
+)
+def test_target_round_trip(text: str, kind: str, model: str, arch: str | None,
+                           keys: tuple[str, ...]) -> None:
+    """A target prints back exactly as written, and keeps kind, model, arch and keys."""
+    target = Target.parse(text)
+    assert str(target) == text
+    assert target.kind == kind
+    assert target.model == model
+    assert target.arch == arch
+    assert target.keys == keys
+    assert Target.parse(str(target)) == target
+    # Serialised (e.g. inside a Record) as the same string.
+    assert target.model_dump() == text
+    assert Target.model_validate_json(json.dumps(text)) == target
+
+
+def test_target_option_order_is_kept() -> None:
+    """Options print in the order they were written, not sorted."""
+    assert str(Target.parse("cuda -arch=sm_90 -model=h200")) == "cuda -arch=sm_90 -model=h200"
+
+
+def test_target_explicit_keys() -> None:
+    assert Target.parse("opencl -model=x -keys=mali,gpu").keys == ("mali", "gpu")
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("", "empty"),
+        ("cuda model=h200", "model=h200"),
+        ("cuda -=x", "no name"),
+        ('cuda -model="h200', "quotation"),
+        ("CUDA -model=h200", "kind"),
+        ("-model=h200", "kind"),
+    ],
+)
+def test_bad_target_raises_value_error_naming_problem(text: str, names: str) -> None:
+    with pytest.raises(ValueError) as info:
+        Target.parse(text)
+    assert names in str(info.value)
+
+
+# --- configs -----------------------------------------------------------------------
+
+
+def test_config_with_minus_one_split_round_trips_and_decodes() -> None:
+    """-1 (the outer factor implied by the rest) survives JSON and decodes to the true factor."""
+    raw = {"index": 3, "code_hash": None, "entity": [["tile_k", "sp", [-1, 16]]]}
+    config = Config.model_validate(raw)
+    assert config.knob("tile_k") == (-1, 16)
+    assert config.to_json() == raw
+    assert Config.model_validate(config.to_json()) == config
+
+    template = get_template("dense_small_batch.gpu")
+    workload = Workload(template=template.name, args=[
+        ["TENSOR", [1, 256], "float32"], ["TENSOR", [10, 256], "float32"], None, "float32"])
+    assert template.decode(workload, config) == {"tile_k": (16, 16)}
+    # The space itself writes -1 for the outer factor, and its index is the true one.
+    normal = template.space(workload).normalize(config)
+    assert normal.knob("tile_k") == (-1, 16)
+    assert template.space(workload).values_at(normal.index) == {"tile_k": (16, 16)}
+
+
+def test_config_split_not_dividing_is_a_config_error() -> None:
+    template = get_template("dense_small_batch.gpu")
+    workload = Workload(template=template.name, args=[
+        ["TENSOR", [1, 256], "float32"], ["TENSOR", [10, 256], "float32"], None, "float32"])
+    bad = Config.model_validate({"index": 0, "entity": [["tile_k", "sp", [-1, 3]]]})
+    with pytest.raises(ConfigError, match="tile_k"):
+        template.decode(workload, bad)
+    wrong_outer = Config.model_validate({"index": 0, "entity": [["tile_k", "sp", [2, 16]]]})
+    with pytest.raises(ConfigError, match="tile_k"):
+        template.decode(workload, wrong_outer)
+
+
+@pytest.mark.parametrize(
+    ("raw", "names"),
+    [
+        ({"index": -1, "entity": []}, "index"),
+        ({"index": 0, "entity": [["tile_k", "xx", [-1, 2]]]}, "kind"),
+        ({"index": 0, "entity": [["tile_k", "sp"]]}, "entity[0]"),
+        ({"index": 0, "entity": "tile_k"}, "entity"),
+    ],
+)
+def test_bad_config_names_field(raw: dict[str, Any], names: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        Config.model_validate(raw)
+    assert names in str(info.value)
+
+
+def test_knob_entity_json() -> None:
+    knob = KnobEntity(name="unroll_explicit", kind="ot", value=1)
+    assert knob.to_json() == ["unroll_explicit", "ot", 1]
+
+
+# --- records -----------------------------------------------------------------------
+
+
+def test_good_line_parses_and_round_trips() -> None:
+    record = Record.from_line(_line())
+    assert str(record.target) == "cuda -model=titanx"
+    assert record.workload.template == "conv2d_nchw.cuda"
+    assert record.result.error_no == MeasureErrorNo.NO_ERROR
+    assert record.result.costs == (5.69732536806342e-05,)
+    assert record.config.index == 8797896
+    assert json.loads(record.to_line()) == GOOD_LINE
+    assert Record.from_line(record.to_line()) == record
+
+
+def test_error_msg_survives_round_trip() -> None:
+    def failed(row: dict[str, Any]) -> None:
+        row["result"][1] = 5
+        row["info"] = {"error_msg": "3 of 10 outputs differ", "device": "x"}
+
+    record = Record.from_line(_line(failed))
+    assert record.result.error_no == MeasureErrorNo.WRONG_ANSWER
+    assert record.result.error_msg == "3 of 10 outputs differ"
+    assert Record.from_line(record.to_line()) == record
+
+
+@pytest.mark.skipif(not TOPHUB.is_dir(), reason=f"TopHub logs not found at {TOPHUB}")
+@pytest.mark.parametrize("name", sorted(TOPHUB_COUNTS))
+def test_tophub_log_parses_and_round_trips(name: str) -> None:
+    """Every record line of a TopHub log reads, and write -> read gives an equal Record."""
+    path = TOPHUB / name
+    if not path.exists():
+        pytest.skip(f"{path} is absent")
+    lines = path.read_text().splitlines()
+    parsed = list(read_lines(lines))
+    errors = [(n, str(r)) for n, r in parsed if isinstance(r, RecordFormatError)]
+    assert errors == []
+    assert len(parsed) == TOPHUB_COUNTS[name]
+    for number, record in parsed:
+        assert isinstance(record, Record)
+        text = record.to_line()
+        again = Record.from_line(text)
+        assert again == record, f"{name}:{number} changed on write -> read"
+        # The written line carries the same AutoTVM fields as the original one.
+        original, written = json.loads(lines[number - 1]), json.loads(text)
+        assert written["input"] == original["input"], f"{name}:{number}"
+        assert written["config"]["entity"] == original["config"]["entity"], f"{name}:{number}"
+        assert written["config"]["index"] == original["config"]["index"]
+        assert written["result"] == original["result"], f"{name}:{number}"
+
+
+def test_read_lines_skips_comments_and_reports_bad_lines_by_number() -> None:
+    lines = ["# comment", "", _line(), "not json", _line(lambda r: r.pop("config"))]
+    out = list(read_lines(lines))
+    assert [n for n, _ in out] == [3, 4, 5]
+    assert isinstance(out[0][1], Record)
+    assert isinstance(out[1][1], RecordFormatError)
+    assert "config" in str(out[2][1])
+
+
+def test_v01_line_refused_with_reason() -> None:
+    v01 = json.dumps({"i": ["llvm", "topi_nn_conv2d", [], {}, [], {"i": 0, "e": []}],
+                      "r": [[1e-3], 0, 1.0, 1.5e9], "v": 0.1})
+    with pytest.raises(RecordFormatError) as info:
+        Record.from_line(v01)
+    message = str(info.value)
+    assert "0.1" in message and "not supported" in message
+
+
+@pytest.mark.parametrize(
+    ("mutate", "names"),
+    [
+        (lambda r: r.pop("config"), "config"),
+        (lambda r: r.pop("input"), "input"),
+        (lambda r: r.pop("result"), "result"),
+        (lambda r: r.__setitem__("version", 0.3), "version"),
+        (lambda r: r["result"].__setitem__(1, 42), "error_no"),
+        (lambda r: r["result"].__setitem__(1, "oops"), "error_no"),
+        (lambda r: r.__setitem__("result", [[1.0], 0, 1.0]), "result"),
+        (lambda r: r.__setitem__("input", ["cuda"]), "input"),
+        (lambda r: r["input"].__setitem__(0, "cuda model=x"), "target"),
+        (lambda r: r["input"].__setitem__(2, {"not": "a list"}), "args"),
+        (lambda r: r["config"].__setitem__("index", -5), "index"),
+        (lambda r: r["config"]["entity"].__setitem__(0, ["tile_f", "zz", [1]]), "kind"),
+        (lambda r: r["result"].__setitem__(0, "fast"), "costs"),
+    ],
+)
+def test_malformed_line_names_field(mutate: Any, names: str) -> None:
+    with pytest.raises(RecordFormatError) as info:
+        Record.from_line(_line(mutate))
+    assert names in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["", "not json", "[1, 2]", "null", "{"])
+def test_non_object_lines_refused(text: str) -> None:
+    with pytest.raises(RecordFormatError):
+        Record.from_line(text)
