@@ -49,8 +49,7 @@ def _info(drv: Any, index: int) -> DeviceInfo:
             max_thread_y=dev.get_attribute(attr.MAX_BLOCK_DIM_Y),
             max_thread_z=dev.get_attribute(attr.MAX_BLOCK_DIM_Z),
             max_shared_memory_per_block=dev.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK),
-            max_local_elements=1024,
-            warp_size=dev.get_attribute(attr.WARP_SIZE),
+                warp_size=dev.get_attribute(attr.WARP_SIZE),
             compute_units=dev.get_attribute(attr.MULTIPROCESSOR_COUNT),
         ),
     )

@@ -85,7 +85,6 @@ def _limits(device: Any) -> DeviceLimits:
         max_thread_y=sizes[1],
         max_thread_z=sizes[2],
         max_shared_memory_per_block=device.local_mem_size,
-        max_local_elements=1024,
         warp_size=16 if is_cpu else (64 if "amd" in device.vendor.lower() else 32),
         compute_units=device.max_compute_units,
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.templates.prelude import with_prelude
 from compiler.templates.space import ConfigError, ConfigSpace
 from schemas import Config, DeviceLimits, Workload
 
@@ -147,8 +148,6 @@ class Template(ABC):
         op = self.parse(workload)
         knobs = self.decode(workload, config)
         kernel = self._codegen(op, knobs, epilogue)
-        from compiler.templates.prelude import with_prelude
-
         return Kernel(
             source=with_prelude(kernel.source, dialect),
             entry=kernel.entry,
