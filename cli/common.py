@@ -31,18 +31,18 @@ def load_template(name: str) -> Template:
         fail(f"TEMPLATE: {err}")
 
 
-def load_workload(template: Template, text: str) -> Workload:
-    """``--workload`` is AutoTVM's args list; checked against the template at once."""
+def load_workload(template: Template, text: str, flag: str = "--workload") -> Workload:
+    """An AutoTVM args list; checked against the template at once."""
     from compiler.templates import WorkloadError
 
-    args = parse_json(text, "--workload")
+    args = parse_json(text, flag)
     try:
         workload = Workload(template=template.name, args=args)
         template.parse(workload)
     except ValidationError as err:
-        fail(f"--workload: {err.errors()[0]['msg']}")
+        fail(f"{flag}: {err.errors()[0]['msg']}")
     except WorkloadError as err:
-        fail(f"--workload: {err}")
+        fail(f"{flag}: {err}")
     return workload
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import demo, devices, measure, templates
+from cli import db, demo, devices, measure, records, serve, templates
 
 app = typer.Typer(
     name="tuner",
@@ -17,6 +17,10 @@ app.command("space")(templates.space)
 app.command("codegen")(templates.codegen)
 app.command("measure")(measure.measure)
 app.command("demo")(demo.demo)
+app.command("serve")(serve.serve)
+app.add_typer(db.db_app, name="db")
+app.add_typer(db.token_app, name="token")
+app.add_typer(records.records_app, name="records")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Alembic migrations for the server's database; run them with ``tuner db upgrade``."""

@@ -1,0 +1,1 @@
+"""HTTP routes: each only translates a request into a service call and back."""

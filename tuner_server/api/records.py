@@ -1,0 +1,103 @@
+"""Records routes: list, best, import, pretuned logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Response
+from pydantic import BaseModel, Field, ValidationError
+from sqlalchemy.orm import Session
+
+from schemas import Target, Workload
+from tuner_server.api.deps import get_session, require
+from tuner_server.services import records as svc
+
+router = APIRouter(prefix="/api/v1", tags=["records"])
+
+
+def _target(text: str, field: str = "target") -> Target:
+    try:
+        return Target.parse(text)
+    except (ValueError, ValidationError) as err:
+        raise HTTPException(422, f"{field}: {err}") from None
+
+
+class RecordPage(BaseModel):
+    total: int
+    items: list[dict[str, Any]]
+
+
+class BestRequest(BaseModel):
+    target: str
+    workloads: list[Workload] = Field(min_length=1, max_length=10000)
+
+
+class BestItem(BaseModel):
+    workload: Workload
+    rule: str = Field(description="model, target_key:<key> or none")
+    record: dict[str, Any] | None
+
+
+class BestResponse(BaseModel):
+    items: list[BestItem]
+
+
+class ImportResponse(BaseModel):
+    accepted: int
+    errors: list[dict[str, Any]]
+
+
+@router.get("/records", response_model=RecordPage)
+def list_records(
+    target: str | None = None,
+    template: str | None = None,
+    workload: str | None = Query(None, description="AutoTVM args list as JSON (needs template)"),
+    limit: int = Query(100, ge=1, le=10000),
+    offset: int = Query(0, ge=0),
+    session: Session = Depends(get_session),
+    _role: str = Depends(require("client")),
+) -> RecordPage:
+    wl = None
+    if workload is not None:
+        if template is None:
+            raise HTTPException(422, "workload: filtering by workload needs template too")
+        try:
+            wl = Workload(template=template, args=workload)
+        except ValidationError as err:
+            raise HTTPException(422, f"workload: {err.errors()[0]['msg']}") from None
+    total, items = svc.query(session, _target(target) if target else None, template, wl,
+                             limit, offset)
+    return RecordPage(total=total, items=[r.to_json() for r in items])
+
+
+@router.post("/records/best", response_model=BestResponse)
+def best_records(body: BestRequest, session: Session = Depends(get_session),
+                 _role: str = Depends(require("client", "worker"))) -> BestResponse:
+    answers = svc.best(session, body.workloads, _target(body.target))
+    return BestResponse(items=[
+        BestItem(workload=a.workload, rule=a.rule,
+                 record=a.record.to_json() if a.record else None) for a in answers
+    ])
+
+
+@router.post("/records/import", response_model=ImportResponse)
+def import_records(
+    body: str = Body(..., media_type="text/plain", description="AutoTVM JSON lines"),
+    session: Session = Depends(get_session),
+    _role: str = Depends(require("client")),
+) -> ImportResponse:
+    report = svc.import_lines(session, body.splitlines())
+    session.commit()
+    return ImportResponse(accepted=report.accepted,
+                          errors=[{"line": n, "error": msg} for n, msg in report.errors])
+
+
+@router.get("/logs/{target:path}")
+def pretuned_log(target: str, session: Session = Depends(get_session),
+                 if_none_match: str | None = Header(None),
+                 _role: str = Depends(require("client", "worker"))) -> Response:
+    lines, etag = svc.pretuned_log(session, _target(target))
+    if if_none_match == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    body = "".join(line + "\n" for line in lines)
+    return Response(body, media_type="text/plain", headers={"ETag": etag})

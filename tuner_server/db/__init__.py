@@ -1,0 +1,1 @@
+"""The server's database: SQLAlchemy models, engine and schema checks."""

@@ -1,0 +1,84 @@
+"""Engines, sessions and the schema check the server runs before it starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+import migrations
+
+
+class SchemaError(RuntimeError):
+    """The database's schema is not the one this code knows."""
+
+
+def make_engine(url: str) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(conn, _record):  # type: ignore[no-untyped-def]
+            # WAL lets readers run beside the one writer; the busy timeout queues writers.
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA busy_timeout=10000")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def _alembic_config(url: str) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(_alembic_config("sqlite://")).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine) -> tuple[str | None, str | None]:
+    """Migrate to head; returns (revision before, revision after)."""
+    from alembic import command
+
+    before = current_revision(engine)
+    cfg = _alembic_config(str(engine.url))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+    return before, current_revision(engine)
+
+
+def check_schema(engine: Engine, url_for_message: str) -> None:
+    """Refuse a database whose revision is not this code's head, saying what fixes it."""
+    have, want = current_revision(engine), head_revision()
+    if have == want:
+        return
+    fix = f"tuner db upgrade --database-url '{url_for_message}'"
+    if have is None:
+        raise SchemaError(f"the database has no schema yet; run: {fix}")
+    known = {s.revision for s in ScriptDirectory.from_config(
+        _alembic_config(url_for_message)).walk_revisions()}
+    if have not in known:
+        raise SchemaError(
+            f"the database is at schema revision {have!r}, which this version does not know "
+            f"(newest known: {want!r}); upgrade the tuner package")
+    raise SchemaError(f"the database is at schema revision {have!r}, not {want!r}; run: {fix}")

@@ -1,0 +1,1 @@
+"""Server logic behind the routes: plain functions over a SQLAlchemy session."""
