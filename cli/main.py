@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import db, demo, devices, measure, records, serve, templates
+from cli import db, demo, devices, measure, records, serve, templates, tune, worker
 
 app = typer.Typer(
     name="tuner",
@@ -18,6 +18,8 @@ app.command("codegen")(templates.codegen)
 app.command("measure")(measure.measure)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
+app.command("tune")(tune.tune)
+app.command("worker")(worker.worker)
 app.add_typer(db.db_app, name="db")
 app.add_typer(db.token_app, name="token")
 app.add_typer(records.records_app, name="records")

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import func, select
 
-from tuner_server.api import records
+from tuner_server.api import jobs, records, workers
 from tuner_server.db.models import RecordRow
 from tuner_server.db.session import check_schema, make_engine, session_factory
+from tuner_server.queue import make_queue
+from tuner_server.services.dispatch import workers_alive
+from tuner_server.services.metrics import Metrics
+from tuner_server.services.scheduler import PassStats, Scheduler
 from tuner_server.settings import Settings
 
 
@@ -18,11 +25,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = make_engine(settings.database_url)
     check_schema(engine, settings.database_url)
-    app = FastAPI(title="tuner", version="0.1.0",
+    sessions = session_factory(engine)
+    queue = make_queue(settings.queue_url)
+    metrics = Metrics()
+
+    def on_pass(stats: PassStats) -> None:
+        metrics.expired(stats.requeued + stats.given_up)
+
+    scheduler = Scheduler(sessions, queue, settings.scheduler_interval, on_pass)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if settings.run_scheduler:
+            scheduler.start()
+        yield
+        if settings.run_scheduler:
+            scheduler.stop()
+        engine.dispose()
+
+    app = FastAPI(title="tuner", version="0.1.0", lifespan=lifespan,
                   description="AutoTVM-style tuning service: records, jobs, workers.")
     app.state.settings = settings
     app.state.engine = engine
-    app.state.sessions = session_factory(engine)
+    app.state.sessions = sessions
+    app.state.queue = queue
+    app.state.metrics = metrics
+    app.state.scheduler = scheduler
+    app.include_router(jobs.router)
+    app.include_router(workers.router)
     app.include_router(records.router)
 
     @app.exception_handler(RequestValidationError)
@@ -36,9 +66,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> PlainTextResponse:
-        with app.state.sessions() as session:
+    def prometheus() -> PlainTextResponse:
+        with sessions() as session:
             count = session.scalar(select(func.count()).select_from(RecordRow)) or 0
-        return PlainTextResponse(f"# TYPE tuner_records gauge\ntuner_records {count}\n")
+            text = metrics.render(queue.depth(session), workers_alive(session), count)
+        return PlainTextResponse(text)
 
     return app

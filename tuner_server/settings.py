@@ -21,5 +21,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TUNER_")
 
     database_url: str = default_database_url()
-    # Embedded mode runs without tokens; a fleet server sets this to require them.
+    queue_url: str = "sql"  # or redis://127.0.0.1:6379/0
+    redis_prefix: str = "tuner"
     require_auth: bool = True
+    lease_seconds: float = 120.0  # a heartbeat extends it; past it the trial is requeued
+    long_poll_seconds: float = 10.0
+    scheduler_interval: float = 0.2
+    run_scheduler: bool = True

@@ -75,9 +75,14 @@ class IsolatedMeasurer:
             raise RuntimeError(payload)
         self.device_info = payload
 
-    def measure(self, request: MeasureRequest) -> MeasureResult:
+    def start(self) -> Any:
+        """Start the child now (it starts lazily otherwise); returns its DeviceInfo."""
         if self._proc is None or self._proc.poll() is not None:
             self._start()
+        return self.device_info
+
+    def measure(self, request: MeasureRequest) -> MeasureResult:
+        self.start()
         assert self._conn is not None
         start = time.time()
         deadline = start + request.options.timeout_s

@@ -5,7 +5,18 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -35,10 +46,13 @@ class RecordRow(Base):
     error_no: Mapped[int] = mapped_column(Integer)
     timestamp: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    # set when the record is a trial's result: a trial is recorded at most once
+    trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     __table_args__ = (
         # best lookup: walk one workload's good records cheapest first
         Index("ix_records_best", "workload_key", "error_no", "mean_cost", "id"),
+        UniqueConstraint("trial_id", name="uq_records_trial_id"),
     )
 
 
@@ -52,3 +66,65 @@ class TokenRow(Base):
     role: Mapped[str] = mapped_column(String(16))
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    tuner: Mapped[str] = mapped_column(String(32))
+    n_trial: Mapped[int] = mapped_column(Integer)
+    early_stopping: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    plan_size: Mapped[int] = mapped_column(Integer)
+    measure: Mapped[dict[str, Any]] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class TaskRow(Base):
+    __tablename__ = "tasks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    template: Mapped[str] = mapped_column(String(128))
+    args: Mapped[list[Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    trials_planned: Mapped[int] = mapped_column(Integer, default=0)
+    trials_done: Mapped[int] = mapped_column(Integer, default=0)
+    best_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
+    best_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)  # trials_done then
+
+
+class TrialRow(Base):
+    """One config of one task sent for measurement; its status is the queue's truth."""
+
+    __tablename__ = "trials"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    queue: Mapped[str] = mapped_column(String(255))  # target the trial must run on
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    config_index: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16))  # queued, leased, done
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    lease_deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error_no: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    __table_args__ = (
+        UniqueConstraint("task_id", "config_index", name="uq_trials_task_config"),
+        Index("ix_trials_queue", "status", "queue", "id"),
+        Index("ix_trials_lease", "status", "lease_deadline"),
+    )
+
+
+class WorkerRow(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    target: Mapped[str] = mapped_column(String(255))
+    limits: Mapped[dict[str, Any]] = mapped_column(JSON)
+    last_seen: Mapped[float] = mapped_column(Float)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,11 +49,35 @@ def _row(record: Record) -> dict[str, Any]:
     }
 
 
-def add_records(session: Session, records: Iterable[Record]) -> int:
-    rows = [_row(r) for r in records]
+def add_records(session: Session, records: Iterable[Record], trial_id: int | None = None) -> int:
+    rows = [dict(_row(r), trial_id=trial_id) for r in records]
     for start in range(0, len(rows), BATCH):
         session.execute(insert(RecordRow), rows[start:start + BATCH])
     return len(rows)
+
+
+_LABELS = {"target": "target", "target_kind": "target kind", "target_model": "target model",
+           "target_keys": "target keys", "template": "template"}
+
+
+def _unstorable(record: Record) -> str | None:
+    """Why a parsed record cannot be stored alike on SQLite and PostgreSQL, or None:
+    NaN/Infinity are not JSON, PostgreSQL refuses NUL characters and over-long strings."""
+    row = _row(record)
+    try:
+        json.dumps(row["line"], allow_nan=False)
+    except ValueError:
+        return "numbers must be finite: NaN and Infinity are not valid JSON"
+    for column in RecordRow.__table__.columns:
+        value, label = row.get(column.name), _LABELS.get(column.name, column.name)
+        if not isinstance(value, str):
+            continue
+        if "\x00" in value:
+            return f"{label}: contains a NUL character"
+        limit = getattr(column.type, "length", None)
+        if limit is not None and len(value) > limit:
+            return f"{label}: longer than {limit} characters"
+    return None
 
 
 def import_lines(session: Session, lines: Iterable[str]) -> ImportReport:
@@ -62,6 +87,8 @@ def import_lines(session: Session, lines: Iterable[str]) -> ImportReport:
     for number, item in read_lines(lines):
         if isinstance(item, RecordFormatError):
             report.errors.append((number, str(item)))
+        elif (why := _unstorable(item)) is not None:
+            report.errors.append((number, why))
         else:
             good.append(item)
     report.accepted = add_records(session, good)

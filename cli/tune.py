@@ -1,0 +1,145 @@
+"""``tuner tune``: tune one workload, embedded (nothing running) or on a server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from cli.common import fail, load_template, load_workload
+from cli.db import DATABASE_URL, resolve_url
+from schemas import MeasureOptions, Target
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedFleet:
+    """The server on SQLite plus one worker on the local device, in this process."""
+
+    def __init__(self, database_url: str, device: str | None) -> None:
+        import uvicorn
+
+        from tuner_server.app import create_app
+        from tuner_server.db.session import make_engine, session_factory, upgrade
+        from tuner_server.services.tokens import create_token
+        from tuner_server.settings import Settings
+        from workers.agent import WorkerAgent
+
+        engine = make_engine(database_url)
+        upgrade(engine)
+        with session_factory(engine).begin() as session:
+            self.client_token = create_token(session, "client", "embedded")
+            worker_token = create_token(session, "worker", "embedded")
+        engine.dispose()
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        app = create_app(Settings(database_url=database_url))
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                                     log_level="warning"))
+        self._threads = [threading.Thread(target=self._server.run, daemon=True)]
+        self._threads[0].start()
+        deadline = time.time() + 30
+        while not self._server.started:
+            if time.time() > deadline:
+                raise RuntimeError("the embedded server did not start")
+            time.sleep(0.05)
+        self.agent = WorkerAgent(self.url, worker_token, device, name="embedded", wait_s=1.0)
+        self.agent.register()
+        worker = threading.Thread(target=self.agent.run, daemon=True)
+        worker.start()
+        self._threads.append(worker)
+
+    def close(self) -> None:
+        self.agent.stopping.set()
+        self._threads[1].join(60)
+        self._server.should_exit = True
+        self._threads[0].join(10)
+
+
+def follow(client: httpx.Client, job_id: int, flops: int) -> dict[str, Any]:
+    """Show trials, best GFLOP/s and ETA until the job ends."""
+    columns = (TextColumn("[bold]job {task.fields[job]}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total} trials"),
+               TextColumn("best {task.fields[best]}"), TimeRemainingColumn())
+    with Progress(*columns) as progress:
+        bar = None
+        while True:
+            job = client.get(f"/api/v1/jobs/{job_id}").raise_for_status().json()
+            total = sum(t["n_trial"] for t in job["tasks"])
+            done = sum(t["trials_done"] for t in job["tasks"])
+            best = max((t["best_gflops"] or 0.0 for t in job["tasks"]), default=0.0)
+            fields = {"job": job_id, "best": f"{best:.2f} GFLOP/s" if best else "-"}
+            if bar is None:
+                bar = progress.add_task("tune", total=total, **fields)
+            progress.update(bar, completed=done, total=total, **fields)
+            if job["status"] in ("done", "cancelled", "failed"):
+                return job
+            time.sleep(0.5)
+
+
+def tune(
+    target: str = typer.Option(..., "--target", help="e.g. 'opencl -model=pocl-cpu'"),
+    template: str = typer.Option(..., "--template"),
+    args: str = typer.Option(..., "--args", help="AutoTVM args list as JSON"),
+    trials: int = typer.Option(64, "--trials", min=1),
+    tuner: str = typer.Option("random", "--tuner"),
+    early_stopping: int | None = typer.Option(None, "--early-stopping", min=1),
+    server: str | None = typer.Option(None, "--server", envvar="TUNER_SERVER"),
+    token: str | None = typer.Option(None, "--token", envvar="TUNER_TOKEN"),
+    database_url: str | None = DATABASE_URL,
+    device: str | None = typer.Option(None, "--device", help="embedded worker's device"),
+    number: int = typer.Option(3, "--number", min=1),
+    repeat: int = typer.Option(3, "--repeat", min=1),
+    min_repeat_ms: float = typer.Option(50.0, "--min-repeat-ms", min=0),
+    timeout: float = typer.Option(60.0, "--timeout", help="seconds per trial"),
+) -> None:
+    """Tune a workload; without --server, runs the server and a worker in-process."""
+    tmpl = load_template(template)
+    workload = load_workload(tmpl, args, flag="--args")
+    try:
+        Target.parse(target)
+    except ValueError as err:
+        fail(f"--target: {err}")
+    body = {"target": target, "tasks": [workload.model_dump(mode="json")], "n_trial": trials,
+            "tuner": tuner, "early_stopping": early_stopping,
+            "measure": MeasureOptions(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                                      timeout_s=timeout).model_dump()}
+    fleet = None
+    if server is None:
+        try:
+            fleet = EmbeddedFleet(resolve_url(database_url), device)
+        except RuntimeError as err:
+            fail(str(err), code=1)
+        server, token = fleet.url, fleet.client_token
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with httpx.Client(base_url=server, headers=headers, timeout=60) as client:
+            response = client.post("/api/v1/jobs", json=body)
+            if response.is_error:
+                fail(f"server answered {response.status_code}: {response.json().get('detail')}",
+                     code=1)
+            job = follow(client, response.json()["id"], tmpl.flops(workload))
+            best = client.post("/api/v1/records/best", json={
+                "target": str(fleet.agent._measurer.device_info.target) if fleet else target,
+                "workloads": [workload.model_dump(mode="json")]}).json()["items"][0]
+    finally:
+        if fleet is not None:
+            fleet.close()
+    task = job["tasks"][0]
+    typer.echo(f"job {job['id']} {job['status']}: {task['trials_done']} trials, "
+               f"best {task['best_gflops'] or 0:.2f} GFLOP/s")
+    if best["record"]:
+        import json
+
+        typer.echo(json.dumps(best["record"]))
+    if job["status"] != "done":
+        raise typer.Exit(1)

@@ -1,0 +1,68 @@
+"""Jobs routes: submit, list, follow, cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query
+from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
+
+from schemas import MeasureOptions, Target, Workload
+from tuner_server.api.deps import get_session, require
+from tuner_server.services import jobs as svc
+
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+
+
+class JobRequest(BaseModel):
+    target: Target
+    tasks: list[Workload] = Field(min_length=1, max_length=1000)
+    n_trial: int = Field(64, ge=1, le=1_000_000, description="trials per task")
+    tuner: str = "random"
+    early_stopping: int | None = Field(None, ge=1)
+    plan_size: int = Field(16, ge=1, le=4096)
+    measure: MeasureOptions = MeasureOptions()
+
+
+class JobCreated(BaseModel):
+    id: int
+
+
+@router.post("", response_model=JobCreated, status_code=201)
+def submit(body: JobRequest, session: Session = Depends(get_session),
+           _role: str = Depends(require("client"))) -> JobCreated:
+    spec = svc.JobSpec(target=body.target, workloads=body.tasks, n_trial=body.n_trial,
+                       tuner=body.tuner, early_stopping=body.early_stopping,
+                       plan_size=body.plan_size, measure=body.measure)
+    try:
+        job_id = svc.submit(session, spec)
+    except svc.JobError as err:
+        raise HTTPException(422, str(err)) from None
+    session.commit()
+    return JobCreated(id=job_id)
+
+
+@router.get("")
+def list_jobs(limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0),
+              session: Session = Depends(get_session),
+              _role: str = Depends(require("client"))) -> list[dict[str, Any]]:
+    return svc.list_jobs(session, limit, offset)
+
+
+@router.get("/{job_id}")
+def get_job(job_id: int, session: Session = Depends(get_session),
+            _role: str = Depends(require("client"))) -> dict[str, Any]:
+    job = svc.describe(session, job_id)
+    if job is None:
+        raise HTTPException(404, f"job {job_id} not found")
+    return job
+
+
+@router.post("/{job_id}/cancel")
+def cancel(job_id: int, session: Session = Depends(get_session),
+           _role: str = Depends(require("client"))) -> dict[str, Any]:
+    if not svc.cancel(session, job_id):
+        raise HTTPException(404, f"job {job_id} not found")
+    session.commit()
+    return {"id": job_id, "status": svc.describe(session, job_id, with_curves=False)["status"]}  # type: ignore[index]

@@ -1,0 +1,113 @@
+"""Worker routes: register, lease (long-poll), heartbeat, results, release."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
+
+from schemas import DeviceLimits, MeasureResult, Target
+from tuner_server.api.deps import get_session, require
+from tuner_server.services import dispatch
+
+router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
+
+
+class WorkerRegistration(BaseModel):
+    name: str = Field(min_length=1, max_length=128)
+    target: Target
+    limits: DeviceLimits = DeviceLimits()
+
+
+class LeaseRequest(BaseModel):
+    max_trials: int = Field(1, ge=1, le=1024)
+    wait_s: float = Field(10.0, ge=0, le=60, description="long-poll: wait this long for work")
+
+
+class TrialIds(BaseModel):
+    trial_ids: list[int] = Field(max_length=4096)
+
+
+class TrialResult(BaseModel):
+    trial_id: int
+    result: MeasureResult
+    info: dict[str, Any] | None = None
+
+
+class Results(BaseModel):
+    results: list[TrialResult] = Field(max_length=4096)
+
+
+def _worker(session: Session, worker_id: int) -> Any:
+    worker = dispatch.get_worker(session, worker_id)
+    if worker is None:
+        raise HTTPException(404, f"worker {worker_id} is not registered")
+    return worker
+
+
+@router.post("", status_code=201)
+def register(body: WorkerRegistration, session: Session = Depends(get_session),
+             _role: str = Depends(require("worker"))) -> dict[str, Any]:
+    worker_id = dispatch.register(session, body.name, body.target, body.limits)
+    session.commit()
+    return {"id": worker_id}
+
+
+@router.post("/{worker_id}/lease")
+async def lease(worker_id: int, body: LeaseRequest, request: Request,
+                _role: str = Depends(require("worker"))) -> dict[str, Any]:
+    app = request.app
+    deadline = time.time() + body.wait_s
+    while True:
+        # the database work runs in a thread: the event loop keeps serving others
+        trials = await asyncio.to_thread(_lease_once, app, worker_id, body.max_trials)
+        if trials or time.time() >= deadline:
+            return {"trials": trials}
+        await asyncio.sleep(min(0.05, max(deadline - time.time(), 0)))
+
+
+def _lease_once(app: Any, worker_id: int, max_trials: int) -> list[dict[str, Any]]:
+    with app.state.sessions() as session:
+        worker = _worker(session, worker_id)
+        trials = dispatch.lease(session, app.state.queue, worker, max_trials,
+                                app.state.settings.lease_seconds)
+        session.commit()
+    app.state.metrics.leased(len(trials))
+    return trials
+
+
+@router.post("/{worker_id}/heartbeat")
+def heartbeat(worker_id: int, body: TrialIds, request: Request,
+              session: Session = Depends(get_session),
+              _role: str = Depends(require("worker"))) -> dict[str, int]:
+    extended = dispatch.heartbeat(session, _worker(session, worker_id), body.trial_ids,
+                                  request.app.state.settings.lease_seconds)
+    session.commit()
+    return {"extended": extended}
+
+
+@router.post("/{worker_id}/results")
+def results(worker_id: int, body: Results, request: Request,
+            session: Session = Depends(get_session),
+            _role: str = Depends(require("worker"))) -> dict[str, Any]:
+    counts = dispatch.report(session, _worker(session, worker_id),
+                             [(r.trial_id, r.result, r.info) for r in body.results])
+    session.commit()
+    request.app.state.queue.finished([r.trial_id for r in body.results])
+    request.app.state.metrics.recorded(counts.accepted)
+    return {"accepted": counts.accepted, "duplicates": counts.duplicates,
+            "unknown": counts.unknown}
+
+
+@router.post("/{worker_id}/release")
+def release(worker_id: int, body: TrialIds, request: Request,
+            session: Session = Depends(get_session),
+            _role: str = Depends(require("worker"))) -> dict[str, int]:
+    trials = dispatch.release(session, _worker(session, worker_id), body.trial_ids)
+    session.commit()
+    request.app.state.queue.returned(trials)
+    return {"released": len(trials)}

@@ -1,0 +1,20 @@
+"""Search: tuners propose configs from a template's space. They know configs and
+measure results, never HTTP or SQL; the scheduler feeds them and stores what they say."""
+
+from __future__ import annotations
+
+from tuner_server.search.base import Tuner
+from tuner_server.search.random import RandomTuner
+
+TUNERS: dict[str, type[Tuner]] = {RandomTuner.name: RandomTuner}
+
+
+def make_tuner(name: str, **kwargs: object) -> Tuner:
+    try:
+        cls = TUNERS[name]
+    except KeyError:
+        raise ValueError(f"unknown tuner {name!r}; known: {', '.join(sorted(TUNERS))}") from None
+    return cls(**kwargs)  # type: ignore[arg-type]
+
+
+__all__ = ["TUNERS", "Tuner", "make_tuner"]
