@@ -26,7 +26,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = make_engine(settings.database_url)
     check_schema(engine, settings.database_url)
     sessions = session_factory(engine)
-    queue = make_queue(settings.queue_url)
+    queue = make_queue(settings.queue_url, settings.redis_prefix)
     metrics = Metrics()
 
     def on_pass(stats: PassStats) -> None:

@@ -23,13 +23,14 @@ def require(*roles: str) -> Callable[..., str]:
     allowed = {"admin", *roles}
 
     def check(request: Request,
-              creds: HTTPAuthorizationCredentials | None = Depends(_bearer),
-              session: Session = Depends(get_session)) -> str:
+              creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> str:
         if not request.app.state.settings.require_auth:
             return "admin"
         if creds is None:
             raise HTTPException(401, "missing bearer token", {"WWW-Authenticate": "Bearer"})
-        role = role_of(session, creds.credentials)
+        # its own short session: holding the request's open would hold SQLite's lock
+        with request.app.state.sessions() as session:
+            role = role_of(session, creds.credentials)
         if role is None:
             raise HTTPException(401, "unknown token", {"WWW-Authenticate": "Bearer"})
         if role not in allowed:

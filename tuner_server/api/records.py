@@ -18,7 +18,19 @@ router = APIRouter(prefix="/api/v1", tags=["records"])
 def _target(text: str, field: str = "target") -> Target:
     try:
         return Target.parse(text)
-    except (ValueError, ValidationError) as err:
+    except ValidationError as err:
+        # One sentence, not pydantic's multi-line dump with its documentation URL.
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        if where:
+            detail = f"{field}: {where}: {msg} (got {text!r})"
+        elif msg.startswith("target"):  # Target's own messages start with "target ..."
+            detail = field + msg.removeprefix("target")
+        else:
+            detail = f"{field}: {msg}"
+        raise HTTPException(422, detail) from None
+    except ValueError as err:
         raise HTTPException(422, f"{field}: {err}") from None
 
 

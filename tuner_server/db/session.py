@@ -27,9 +27,15 @@ def make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "connect")
         def _pragmas(conn, _record):  # type: ignore[no-untyped-def]
-            # WAL lets readers run beside the one writer; the busy timeout queues writers.
+            conn.isolation_level = None  # we issue BEGIN ourselves, below
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA busy_timeout=10000")
+            conn.execute("PRAGMA busy_timeout=30000")
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn):  # type: ignore[no-untyped-def]
+            # Take the write lock up front: a read-then-write transaction that lost a
+            # race would otherwise fail with SQLITE_BUSY_SNAPSHOT instead of waiting.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)

@@ -7,14 +7,14 @@ from tuner_server.queue.base import DispatchQueue, queue_matches
 from tuner_server.queue.sql import SqlQueue
 
 
-def make_queue(url: str | None) -> DispatchQueue:
+def make_queue(url: str | None, prefix: str = "tuner") -> DispatchQueue:
     """``sql`` (or nothing) leases rows in the database; ``redis://...`` uses Streams."""
     if not url or url == "sql":
         return SqlQueue()
     if url.startswith(("redis://", "rediss://", "unix://")):
         from tuner_server.queue.redis import RedisQueue
 
-        return RedisQueue(url)
+        return RedisQueue(url, prefix)
     raise ValueError(f"queue url {url!r}: expected 'sql' or redis://host:port/db")
 
 

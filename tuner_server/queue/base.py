@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from schemas import Target
@@ -45,5 +46,19 @@ class DispatchQueue(ABC):
     def returned(self, trials: list[TrialRow]) -> None:
         """Trials went back to queued (released or expired; called after the commit)."""
 
-    @abstractmethod
-    def depth(self, session: Session) -> int: ...
+    def depth(self, session: Session) -> int:
+        return session.scalar(select(func.count()).select_from(TrialRow)
+                              .where(TrialRow.status == "queued")) or 0
+
+
+def take(session: Session, trial_id: int, worker_id: int, lease_s: float, now: float) -> bool:
+    """Lease one trial if it is free (queued, or leased past its deadline): the guard that
+    keeps a trial from being handed out twice whatever a queue's tickets say."""
+    result = session.execute(
+        update(TrialRow)
+        .where(TrialRow.id == trial_id,
+               (TrialRow.status == "queued")
+               | ((TrialRow.status == "leased") & (TrialRow.lease_deadline < now)))
+        .values(status="leased", worker_id=worker_id, lease_deadline=now + lease_s,
+                attempts=TrialRow.attempts + 1))
+    return bool(result.rowcount)  # type: ignore[attr-defined]

@@ -3,11 +3,11 @@ replicas can lease at once without handing a trial out twice."""
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tuner_server.db.models import TrialRow
-from tuner_server.queue.base import DispatchQueue
+from tuner_server.queue.base import DispatchQueue, take
 
 
 class SqlQueue(DispatchQueue):
@@ -22,18 +22,13 @@ class SqlQueue(DispatchQueue):
         if session.get_bind().dialect.name == "postgresql":
             stmt = stmt.with_for_update(skip_locked=True)
         trials = list(session.scalars(stmt))
+        got = [t.id for t in trials if take(session, t.id, worker_id, lease_s, now)]
         for trial in trials:
-            trial.status, trial.worker_id = "leased", worker_id
-            trial.lease_deadline = now + lease_s
-            trial.attempts += 1
-        return trials
+            session.refresh(trial)
+        return [t for t in trials if t.id in got]
 
     def finished(self, trial_ids: list[int]) -> None:
         pass
 
     def returned(self, trials: list[TrialRow]) -> None:
         pass
-
-    def depth(self, session: Session) -> int:
-        return session.scalar(
-            select(func.count()).select_from(TrialRow).where(TrialRow.status == "queued")) or 0
