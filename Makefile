@@ -22,9 +22,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# ResNet-50's first 3x3 conv (64 -> 64 channels, 56x56)
+DEMO_ARGS := [["TENSOR",[1,64,56,56],"float32"],["TENSOR",[64,64,3,3],"float32"],[1,1],[1,1,1,1],[1,1],"float32"]
+
 demo: $(STAMP)
 	$(BIN)/tuner devices
 	$(BIN)/tuner demo
+	$(BIN)/tuner tune --target "opencl -model=pocl-cpu" --template conv2d_nchw.cuda \
+		--args '$(DEMO_ARGS)' --trials 16
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
