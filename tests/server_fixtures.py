@@ -1,0 +1,175 @@
+"""Helpers for server tests: throwaway databases (SQLite file or PostgreSQL), a live
+uvicorn server on a loopback port, tokens, and the TopHub logs as parsed lines."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TOPHUB_DIR = REPO_ROOT.parent / "shared" / "data" / "tophub"
+# File order matters: AutoTVM's "ties keep the first seen" follows it.
+TOPHUB_FILES = ("cuda_v0.10.log", "rocm_v0.05.log", "opencl_v0.04.log", "llvm_v0.04.log")
+
+PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+BACKENDS = ("sqlite", "postgresql")
+
+
+def _pg_reason() -> str | None:
+    """None when PostgreSQL answers, else why it does not."""
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+    except Exception as err:  # noqa: BLE001 - any failure means "skip"
+        return f"PostgreSQL at 127.0.0.1:5432 (db 'test') is unreachable: {err}"
+    return None
+
+
+PG_UNREACHABLE = _pg_reason()
+
+
+def tophub_paths() -> list[Path]:
+    """The four TopHub logs, skipping the calling test when they are not here."""
+    paths = [TOPHUB_DIR / name for name in TOPHUB_FILES]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        pytest.skip(f"TopHub logs not found: {', '.join(missing)}")
+    return paths
+
+
+def tophub_lines(path: Path) -> list[dict[str, Any]]:
+    """A log's records in file order, as parsed JSON (comments and blanks dropped)."""
+    return [json.loads(line) for line in path.read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """CREATE a fresh database on the shared server, yield its URL, DROP it after."""
+    if PG_UNREACHABLE:
+        pytest.skip(PG_UNREACHABLE)
+    import psycopg
+
+    name = f"tuner_test_{secrets.token_hex(6)}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_URL.format(name=name)
+    finally:
+        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def empty_database(backend: str, directory: Path) -> Iterator[str]:
+    """A database with no schema at all: a new SQLite file or a new PostgreSQL database."""
+    if backend == "sqlite":
+        yield f"sqlite:///{directory / f'tuner_{secrets.token_hex(4)}.db'}"
+    else:
+        with postgres_database() as url:
+            yield url
+
+
+def migrate(url: str) -> None:
+    """``tuner db upgrade`` in-process."""
+    from tuner_server.db.session import make_engine, upgrade
+
+    engine = make_engine(url)
+    try:
+        upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+def make_tokens(url: str) -> dict[str, str]:
+    """One token per role, created straight in the database."""
+    from tuner_server.db.session import make_engine, session_factory
+    from tuner_server.services.tokens import ROLES, create_token
+
+    engine = make_engine(url)
+    try:
+        with session_factory(engine).begin() as session:
+            return {role: create_token(session, role) for role in ROLES}
+    finally:
+        engine.dispose()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    """A uvicorn server in a thread, its database URL and one token per role."""
+
+    url: str
+    database_url: str
+    tokens: dict[str, str]
+    _server: Any = field(repr=False)
+    _thread: threading.Thread = field(repr=False)
+
+    def client(self, role: str | None = "admin") -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.tokens[role]}"} if role else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=15)
+        self._server.config.app.state.engine.dispose()
+
+
+def start_server(database_url: str, tokens: dict[str, str]) -> LiveServer:
+    """Start the real app under uvicorn on a loopback socket; returns once /healthz answers."""
+    import uvicorn
+
+    from tuner_server.app import create_app
+    from tuner_server.settings import Settings
+
+    app = create_app(Settings(database_url=database_url, require_auth=True))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or not thread.is_alive():
+            server.should_exit = True
+            raise RuntimeError(f"server on {url} did not answer /healthz")
+        time.sleep(0.05)
+    return LiveServer(url, database_url, tokens, server, thread)
+
+
+@contextmanager
+def live_server(backend: str, directory: Path) -> Iterator[LiveServer]:
+    """A migrated empty database of ``backend`` behind a running server."""
+    with empty_database(backend, directory) as url:
+        migrate(url)
+        server = start_server(url, make_tokens(url))
+        try:
+            yield server
+        finally:
+            server.stop()
