@@ -95,11 +95,12 @@ class IsolatedMeasurer:
                 if ready:
                     kind, payload = self._conn.recv()
             except (EOFError, OSError):
+                code = self._exitcode()  # before close(), which forgets the process
                 self.close()
                 return MeasureResult.failure(
                     MeasureErrorNo.RUNTIME_DEVICE,
                     f"measurement process died during {stage} (exit code "
-                    f"{self._exitcode()})", all_cost=time.time() - start)
+                    f"{code})", all_cost=time.time() - start)
             if not ready:
                 self.close()
                 error_no = (MeasureErrorNo.RUN_TIMEOUT if stage == "run"
