@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import Field
 from sqlalchemy.orm import Session
 
 from tuner_server.services.tokens import role_of
 
 _bearer = HTTPBearer(auto_error=False)
+
+# Ids are INTEGER columns (32 bits on PostgreSQL). A larger number matches nothing, and
+# binding it overflows the driver (a 500), so the API refuses it as a 422 naming the field.
+MAX_ID = 2**31 - 1
+PathId = Annotated[int, Path(ge=1, le=MAX_ID)]
+BodyId = Annotated[int, Field(ge=1, le=MAX_ID)]
 
 
 def get_session(request: Request) -> Iterator[Session]:

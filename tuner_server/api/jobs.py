@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
 from schemas import MeasureOptions, Target, Workload
-from tuner_server.api.deps import get_session, require
+from tuner_server.api.deps import MAX_ID, PathId, get_session, require
 from tuner_server.services import jobs as svc
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -44,14 +44,15 @@ def submit(body: JobRequest, session: Session = Depends(get_session),
 
 
 @router.get("")
-def list_jobs(limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0),
+def list_jobs(limit: int = Query(100, ge=1, le=1000),
+              offset: int = Query(0, ge=0, le=MAX_ID),
               session: Session = Depends(get_session),
               _role: str = Depends(require("client"))) -> list[dict[str, Any]]:
     return svc.list_jobs(session, limit, offset)
 
 
 @router.get("/{job_id}")
-def get_job(job_id: int, session: Session = Depends(get_session),
+def get_job(job_id: PathId, session: Session = Depends(get_session),
             _role: str = Depends(require("client"))) -> dict[str, Any]:
     job = svc.describe(session, job_id)
     if job is None:
@@ -60,7 +61,7 @@ def get_job(job_id: int, session: Session = Depends(get_session),
 
 
 @router.post("/{job_id}/cancel")
-def cancel(job_id: int, session: Session = Depends(get_session),
+def cancel(job_id: PathId, session: Session = Depends(get_session),
            _role: str = Depends(require("client"))) -> dict[str, Any]:
     if not svc.cancel(session, job_id):
         raise HTTPException(404, f"job {job_id} not found")

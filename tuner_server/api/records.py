@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.orm import Session
 
 from schemas import Target, Workload
-from tuner_server.api.deps import get_session, require
+from tuner_server.api.deps import MAX_ID, get_session, require
 from tuner_server.services import records as svc
 
 router = APIRouter(prefix="/api/v1", tags=["records"])
@@ -65,7 +65,7 @@ def list_records(
     template: str | None = None,
     workload: str | None = Query(None, description="AutoTVM args list as JSON (needs template)"),
     limit: int = Query(100, ge=1, le=10000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_ID),
     session: Session = Depends(get_session),
     _role: str = Depends(require("client")),
 ) -> RecordPage:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from sqlalchemy.orm import Session
 
 from schemas import DeviceLimits, MeasureResult, Target
-from tuner_server.api.deps import get_session, require
+from tuner_server.api.deps import BodyId, PathId, get_session, require
 from tuner_server.services import dispatch
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
@@ -29,13 +30,27 @@ class LeaseRequest(BaseModel):
 
 
 class TrialIds(BaseModel):
-    trial_ids: list[int] = Field(max_length=4096)
+    trial_ids: list[BodyId] = Field(max_length=4096)
 
 
 class TrialResult(BaseModel):
-    trial_id: int
+    trial_id: BodyId
     result: MeasureResult
     info: dict[str, Any] | None = None
+
+    @field_validator("result")
+    @classmethod
+    def _measured(cls, result: MeasureResult) -> MeasureResult:
+        # NaN and Infinity cannot be stored (PostgreSQL refuses them in JSON, SQLite turns
+        # them into NULL) and a negative cost would rank first: refuse them here.
+        if not all(math.isfinite(c) and c >= 0 for c in result.costs):
+            raise ValueError(f"costs: every cost must be a finite number >= 0 seconds "
+                             f"(got {list(result.costs)})")
+        if result.ok and not result.costs:
+            raise ValueError("costs: a result with error_no 0 needs at least one cost")
+        if not (math.isfinite(result.all_cost) and math.isfinite(result.timestamp)):
+            raise ValueError("all_cost and timestamp must be finite numbers")
+        return result
 
 
 class Results(BaseModel):
@@ -58,7 +73,7 @@ def register(body: WorkerRegistration, session: Session = Depends(get_session),
 
 
 @router.post("/{worker_id}/lease")
-async def lease(worker_id: int, body: LeaseRequest, request: Request,
+async def lease(worker_id: PathId, body: LeaseRequest, request: Request,
                 _role: str = Depends(require("worker"))) -> dict[str, Any]:
     app = request.app
     deadline = time.time() + body.wait_s
@@ -81,7 +96,7 @@ def _lease_once(app: Any, worker_id: int, max_trials: int) -> list[dict[str, Any
 
 
 @router.post("/{worker_id}/heartbeat")
-def heartbeat(worker_id: int, body: TrialIds, request: Request,
+def heartbeat(worker_id: PathId, body: TrialIds, request: Request,
               session: Session = Depends(get_session),
               _role: str = Depends(require("worker"))) -> dict[str, int]:
     extended = dispatch.heartbeat(session, _worker(session, worker_id), body.trial_ids,
@@ -91,7 +106,7 @@ def heartbeat(worker_id: int, body: TrialIds, request: Request,
 
 
 @router.post("/{worker_id}/results")
-def results(worker_id: int, body: Results, request: Request,
+def results(worker_id: PathId, body: Results, request: Request,
             session: Session = Depends(get_session),
             _role: str = Depends(require("worker"))) -> dict[str, Any]:
     counts = dispatch.report(session, _worker(session, worker_id),
@@ -104,7 +119,7 @@ def results(worker_id: int, body: Results, request: Request,
 
 
 @router.post("/{worker_id}/release")
-def release(worker_id: int, body: TrialIds, request: Request,
+def release(worker_id: PathId, body: TrialIds, request: Request,
             session: Session = Depends(get_session),
             _role: str = Depends(require("worker"))) -> dict[str, int]:
     trials = dispatch.release(session, _worker(session, worker_id), body.trial_ids)

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tuner_server.db.models import TrialRow
-from tuner_server.queue.base import DispatchQueue, take
+from tuner_server.queue.base import DispatchQueue, take_many
 
 GROUP = "workers"
 
@@ -89,17 +89,20 @@ class RedisQueue(DispatchQueue):
                         GROUP, consumer, {stream: ">"}, count=want) or []:
                     tickets += [(stream, entry, int(fields["trial"]))
                                 for entry, fields in entries]
-        leased, stale = [], []
+        got = take_many(session, [trial_id for _s, _e, trial_id in tickets], worker_id,
+                        lease_s, now)
+        leased: dict[int, None] = {}
+        stale = []
         for stream, entry, trial_id in tickets:
-            if take(session, trial_id, worker_id, lease_s, now):
-                leased.append(trial_id)
+            if trial_id in got and trial_id not in leased:  # a doubled ticket is stale
+                leased[trial_id] = None
             else:
                 stale.append((stream, entry))
         if stale:
             self._drop(stale)
         if not leased:
             return []
-        return list(session.scalars(select(TrialRow).where(TrialRow.id.in_(leased))
+        return list(session.scalars(select(TrialRow).where(TrialRow.id.in_(list(leased)))
                                     .order_by(TrialRow.id)))
 
     def finished(self, trial_ids: list[int]) -> None:
@@ -107,7 +110,7 @@ class RedisQueue(DispatchQueue):
             return
         keys = [str(t) for t in trial_ids]
         found: list[Any] = self._redis.hmget(self._entries, keys)
-        tickets = [tuple(v.split(" ", 1)) for v in found if v]
+        tickets = [tuple(v.rsplit(" ", 1)) for v in found if v]
         if tickets:
             self._drop(tickets)  # type: ignore[arg-type]
         self._redis.hdel(self._entries, *keys)

@@ -7,7 +7,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tuner_server.db.models import TrialRow
-from tuner_server.queue.base import DispatchQueue, take
+from tuner_server.queue.base import DispatchQueue, take_many
 
 
 class SqlQueue(DispatchQueue):
@@ -21,11 +21,12 @@ class SqlQueue(DispatchQueue):
                 .order_by(TrialRow.id).limit(limit))
         if session.get_bind().dialect.name == "postgresql":
             stmt = stmt.with_for_update(skip_locked=True)
-        trials = list(session.scalars(stmt))
-        got = [t.id for t in trials if take(session, t.id, worker_id, lease_s, now)]
-        for trial in trials:
-            session.refresh(trial)
-        return [t for t in trials if t.id in got]
+        got = take_many(session, list(session.scalars(stmt.with_only_columns(TrialRow.id))),
+                        worker_id, lease_s, now)
+        if not got:
+            return []
+        return list(session.scalars(select(TrialRow).where(TrialRow.id.in_(got))
+                                    .order_by(TrialRow.id)))
 
     def finished(self, trial_ids: list[int]) -> None:
         pass

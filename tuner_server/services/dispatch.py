@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -22,7 +22,7 @@ from schemas import (
 )
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import DispatchQueue, queue_matches
-from tuner_server.services.records import add_records
+from tuner_server.services.records import record_row
 
 MAX_ATTEMPTS = 3
 
@@ -90,50 +90,83 @@ def release(session: Session, worker: WorkerRow, trial_ids: list[int]) -> list[T
     return trials
 
 
-def _record_result(session: Session, trial: TrialRow, result: MeasureResult,
-                   target: str, info: dict[str, Any] | None) -> bool:
-    """Store the trial's record once; False when another report got there first.
+Outcome = tuple[TrialRow, MeasureResult, str, dict[str, Any] | None]  # + device target
 
-    The record carries the measuring device's target (``opencl -model=pocl-cpu``),
-    not the job's (which may be a bare ``opencl``)."""
-    task = session.get(TaskRow, trial.task_id)
-    assert task is not None
-    record = Record.from_measure(
+
+def _store(session: Session, outcomes: list[Outcome]) -> bool:
+    """Record these trials' results and update their tasks, all or nothing.
+
+    False (and nothing stored) when another report already recorded one of them. A
+    record carries the measuring device's target (``opencl -model=pocl-cpu``), not the
+    job's (which may be a bare ``opencl``). Task counters end as one-at-a-time updates
+    would leave them: the first of equal costs is the best."""
+    tasks = {t.id: t for t in session.scalars(
+        select(TaskRow).where(TaskRow.id.in_(sorted({t.task_id for t, *_ in outcomes}))))}
+    rows = [dict(record_row(Record.from_measure(
         MeasureInput(target=Target.parse(target),
-                     workload=Workload(template=task.template, args=task.args),
+                     workload=Workload(template=tasks[trial.task_id].template,
+                                       args=tasks[trial.task_id].args),
                      config=Config.model_validate(trial.config)),
-        result, info=info or None)
+        result, info=info or None)), trial_id=trial.id)
+        for trial, result, target, info in outcomes]
     try:
         with session.begin_nested():
-            add_records(session, [record], trial_id=trial.id)
+            session.execute(insert(RecordRow), rows)
     except IntegrityError:
         return False
-    trial.status, trial.error_no, trial.lease_deadline = "done", int(result.error_no), None
-    session.execute(update(TaskRow).where(TaskRow.id == task.id)
-                    .values(trials_done=TaskRow.trials_done + 1))
-    if result.ok:
-        session.execute(
-            update(TaskRow)
-            .where(TaskRow.id == task.id,
-                   (TaskRow.best_cost.is_(None)) | (TaskRow.best_cost > result.mean_cost))
-            .values(best_cost=result.mean_cost, best_trial=TaskRow.trials_done))
+    per_task: dict[int, list[Any]] = {}  # task id -> [count, best cost, its position]
+    for trial, result, _target, _info in outcomes:
+        trial.status, trial.error_no, trial.lease_deadline = "done", int(result.error_no), None
+        entry = per_task.setdefault(trial.task_id, [0, None, None])
+        entry[0] += 1
+        if result.ok and (entry[1] is None or result.mean_cost < entry[1]):
+            entry[1], entry[2] = result.mean_cost, entry[0]
+    for task_id in sorted(per_task):
+        done, cost, position = per_task[task_id]
+        session.execute(update(TaskRow).where(TaskRow.id == task_id)
+                        .values(trials_done=TaskRow.trials_done + done))
+        if cost is not None:
+            session.execute(
+                update(TaskRow)
+                .where(TaskRow.id == task_id,
+                       (TaskRow.best_cost.is_(None)) | (TaskRow.best_cost > cost))
+                .values(best_cost=cost, best_trial=TaskRow.trials_done - done + position))
     return True
 
 
 def report(session: Session, worker: WorkerRow,
            results: list[tuple[int, MeasureResult, dict[str, Any] | None]]) -> ReportCounts:
-    """Accept each trial's result once; a repeat is a no-op, not a second record."""
+    """Accept each trial's result once; a repeat is a no-op, not a second record.
+
+    The trials are locked in one SELECT (id order) and stored as one batch; should the
+    batch hit a record another report stored first, it goes again trial by trial."""
     worker.last_seen = time.time()
     counts = ReportCounts()
+    ids = sorted({trial_id for trial_id, _result, _info in results})
+    trials = {t.id: t for t in session.scalars(
+        select(TrialRow).where(TrialRow.id.in_(ids)).order_by(TrialRow.id)
+        .with_for_update().execution_options(populate_existing=True))} if ids else {}
+    fresh: list[Outcome] = []
+    taken: set[int] = set()
     for trial_id, result, info in results:
-        trial = session.get(TrialRow, trial_id, with_for_update=True)
+        trial = trials.get(trial_id)
         if trial is None:
             counts.unknown.append(trial_id)
-        elif trial.status in ("done", "cancelled") or not _record_result(
-                session, trial, result, worker.target, dict(info or {}, worker=worker.name)):
+        elif trial.status in ("done", "cancelled") or trial_id in taken:
             counts.duplicates += 1
         else:
+            taken.add(trial_id)
+            fresh.append((trial, result, worker.target, dict(info or {}, worker=worker.name)))
+    if not fresh:
+        return counts
+    if _store(session, fresh):
+        counts.accepted += len(fresh)
+        return counts
+    for outcome in fresh:  # a concurrent report won some of them
+        if _store(session, [outcome]):
             counts.accepted += 1
+        else:
+            counts.duplicates += 1
     return counts
 
 
@@ -154,7 +187,7 @@ def reclaim_expired(session: Session, now: float | None = None) -> tuple[list[Tr
             task = session.get(TaskRow, trial.task_id)
             job = session.get(JobRow, task.job_id) if task else None
             target = lost.target if lost else (job.target if job else "unknown")
-            if _record_result(session, trial, result, target, None):
+            if _store(session, [(trial, result, target, None)]):
                 failed += 1
         else:
             trial.status, trial.worker_id, trial.lease_deadline = "queued", None, None

@@ -100,7 +100,8 @@ def describe(session: Session, job_id: int, with_curves: bool = True) -> dict[st
         }
         if with_curves:
             item["curve"] = [{"trial": n, "best_cost": c,
-                              "best_gflops": flops / c / 1e9} for n, c in _curve(session, task.id)]
+                              "best_gflops": flops / c / 1e9 if c else None}
+                             for n, c in _curve(session, task.id)]
         tasks.append(item)
     return {"id": job.id, "target": job.target, "status": job.status, "tuner": job.tuner,
             "n_trial": job.n_trial, "early_stopping": job.early_stopping, "error": job.error,

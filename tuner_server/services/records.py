@@ -33,7 +33,7 @@ class BestAnswer:
     rule: str  # "model", "target_key:<key>" or "none"
 
 
-def _row(record: Record) -> dict[str, Any]:
+def record_row(record: Record) -> dict[str, Any]:
     target = record.target
     return {
         "target": str(target),
@@ -49,8 +49,8 @@ def _row(record: Record) -> dict[str, Any]:
     }
 
 
-def add_records(session: Session, records: Iterable[Record], trial_id: int | None = None) -> int:
-    rows = [dict(_row(r), trial_id=trial_id) for r in records]
+def add_records(session: Session, records: Iterable[Record]) -> int:
+    rows = [record_row(r) for r in records]
     for start in range(0, len(rows), BATCH):
         session.execute(insert(RecordRow), rows[start:start + BATCH])
     return len(rows)
@@ -63,7 +63,7 @@ _LABELS = {"target": "target", "target_kind": "target kind", "target_model": "ta
 def _unstorable(record: Record) -> str | None:
     """Why a parsed record cannot be stored alike on SQLite and PostgreSQL, or None:
     NaN/Infinity are not JSON, PostgreSQL refuses NUL characters and over-long strings."""
-    row = _row(record)
+    row = record_row(record)
     try:
         json.dumps(row["line"], allow_nan=False)
     except ValueError:
