@@ -67,7 +67,11 @@ class WorkerAgent:
         return self.worker_id
 
     def _heartbeats(self) -> None:
-        while not self.stopping.wait(self._heartbeat_s):
+        last = time.time()
+        while not self.stopping.wait(0.2):  # short waits: the interval may shrink
+            if time.time() - last < self._heartbeat_s:
+                continue
+            last = time.time()
             with self._lock:
                 held = list(self._held)
             if held:
@@ -96,6 +100,8 @@ class WorkerAgent:
                         break
                     raise
                 trials = leased["trials"]
+                if "lease_seconds" in leased:  # beat well inside the server's lease
+                    self._heartbeat_s = min(self._heartbeat_s, leased["lease_seconds"] / 3)
                 if not trials:
                     if idle_exit_s is not None and time.time() - idle_since > idle_exit_s:
                         break

@@ -81,7 +81,8 @@ async def lease(worker_id: PathId, body: LeaseRequest, request: Request,
         # the database work runs in a thread: the event loop keeps serving others
         trials = await asyncio.to_thread(_lease_once, app, worker_id, body.max_trials)
         if trials or time.time() >= deadline:
-            return {"trials": trials}
+            # the worker paces its heartbeats by this
+            return {"trials": trials, "lease_seconds": app.state.settings.lease_seconds}
         await asyncio.sleep(min(0.05, max(deadline - time.time(), 0)))
 
 
