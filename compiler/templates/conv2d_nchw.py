@@ -42,18 +42,25 @@ class Conv2dNCHW(Template):
 
     def decode(self, workload: Workload, config: Config) -> dict[str, Any]:
         space = self.space(workload)
-        try:
+        # TopHub's older logs (cuda v0.10, rocm v0.05, opencl v0.04) list tile_rx before
+        # tile_ry and name the kernel-height split tile_rx: their index agrees only with
+        # that reading, square kernels included. Read a config as its entity order says
+        # first; with kh != kw only one reading multiplies out, so fall back to the other.
+        swapped = _swap_ry_rx(config)
+        if swapped is None:
             return space.decode(config)
-        except ConfigError as first:
-            # TopHub's cuda log (v0.10) names the kernel-height split tile_rx and the
-            # width split tile_ry; with kh != kw only one reading multiplies out.
-            swapped = _swap_ry_rx(config)
-            if swapped is None:
-                raise
+        if _rx_listed_first(config):
             try:
                 return space.decode(swapped)
             except ConfigError:
-                raise first from None
+                pass
+        try:
+            return space.decode(config)
+        except ConfigError as err:  # the message names knobs as the config wrote them
+            try:
+                return space.decode(swapped)
+            except ConfigError:
+                raise err from None
 
     def flops(self, workload: Workload) -> int:
         return self.parse(workload).flops
@@ -233,6 +240,11 @@ class _Tiles:
         self.aa_size = self.rci * self.ah * self.aw
         self.ww_size = self.block_f * self.rci * self.ryi * self.rxi
         self.shared_bytes = 4 * (self.aa_size + self.ww_size)
+
+
+def _rx_listed_first(config: Config) -> bool:
+    names = [e.name for e in config.entity]
+    return names.index("tile_rx") < names.index("tile_ry")
 
 
 def _swap_ry_rx(config: Config) -> Config | None:
