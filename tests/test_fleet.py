@@ -439,6 +439,40 @@ def test_worker_sigkilled_mid_lease(make_fleet: Callable[[str, str], Fleet], bac
         assert fleet.metrics()["tuner_lease_expiries_total"] >= len(lost)
 
 
+def test_worker_sigterm_finishes_the_trial_in_hand_and_returns_the_rest(
+        make_fleet: Callable[[str, str], Fleet]) -> None:
+    """SIGTERM: the worker reports the trial it is measuring, gives the rest of its lease
+    back unmeasured (queued again, not counted as a failed attempt) and exits 0."""
+    fleet = make_fleet("sqlite", "sql")
+    fleet.start_server()
+    worker = fleet.start_worker("leaver", batch=4)
+    fleet.wait_registered("leaver")
+    worker_id = fleet.worker_id("leaver")
+    job_id = fleet.submit(job_body(CONV, CONV_ARGS, n_trial=10))
+
+    def held() -> list[int]:
+        return [t.id for t in job_trials(fleet.db, job_id)
+                if t.status == "leased" and t.worker_id == worker_id]
+
+    wait_until(lambda: len(held()) >= 3, 30, "the worker to lease trials", every=0.02,
+               diagnose=fleet.logs)
+    holding = held()
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, fleet.logs()
+    recorded = [trial_id for trial_id, _record in job_records(fleet.db, job_id)]
+    assert len(recorded) == len(set(recorded)), "a trial was recorded twice"
+    records = set(recorded)
+    trials = {t.id: t for t in job_trials(fleet.db, job_id)}
+    measured = [t for t in holding if t in records]
+    returned = [t for t in holding if t not in records]
+    assert measured, "the trial in hand was not reported"
+    assert returned, "nothing was left to give back"
+    for trial_id in returned:
+        trial = trials[trial_id]
+        assert (trial.status, trial.worker_id, trial.attempts) == ("queued", None, 0), (
+            trial_id, trial.status, trial.worker_id, trial.attempts)
+
+
 @pytest.mark.parametrize("backend,queue", FLEETS)
 def test_server_sigkilled_and_restarted_mid_job(make_fleet: Callable[[str, str], Fleet],
                                                 backend: str, queue: str) -> None:
