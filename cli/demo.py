@@ -40,7 +40,7 @@ def demo(
     configs = [("default", template.default_config(workload))]
     configs += [(f"random {i + 1}", template.random_config(workload, rng, limits))
                 for i in range(trials)]
-    console = Console()
+    console = Console(width=max(Console().width, 140))  # pipes get 80 columns
     console.print(f"conv2d_nchw.cuda {workload.args_json()}\non {name} ({target}), "
                   f"{template.flops(workload) / 1e9:.3f} GFLOP per run")
     table = Table("config", "index", "tile_f", "tile_y", "tile_x", "tile_rc", "unroll",
