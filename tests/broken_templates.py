@@ -12,6 +12,7 @@ the measuring child registers them too.
 from __future__ import annotations
 
 import dataclasses
+from abc import abstractmethod
 from typing import Any
 
 from compiler.templates import Epilogue, Kernel, register_template
@@ -32,8 +33,9 @@ class _Mutated(DenseSmallBatch):
 
     name = "broken_base.test"
 
+    @abstractmethod
     def mutate(self, source: str) -> str:
-        raise NotImplementedError
+        """The broken kernel source."""
 
     def _codegen(self, op: DenseOp, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel:
         kernel = super()._codegen(op, knobs, epilogue)
