@@ -31,10 +31,6 @@ def get_template(name: str) -> Template:
         raise UnknownTemplateError(name) from None
 
 
-def template_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
 def register_template(template: Template) -> None:
     """Add a template (tests register deliberately broken ones this way)."""
     _REGISTRY[template.name] = template
@@ -51,5 +47,4 @@ __all__ = [
     "WorkloadError",
     "get_template",
     "register_template",
-    "template_names",
 ]

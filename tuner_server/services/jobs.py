@@ -11,7 +11,6 @@ from sqlalchemy.orm import Session
 from compiler.templates import get_template
 from schemas import MeasureOptions, Target, Workload
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow
-from tuner_server.queue.base import queue_name
 from tuner_server.search import TUNERS
 
 FINAL = ("done", "cancelled", "failed")
@@ -113,7 +112,3 @@ def list_jobs(session: Session, limit: int = 100, offset: int = 0) -> list[dict[
     ids = session.scalars(select(JobRow.id).order_by(JobRow.id.desc())
                           .limit(limit).offset(offset)).all()
     return [d for d in (describe(session, i, with_curves=False) for i in ids) if d]
-
-
-def job_queue(job: JobRow) -> str:
-    return queue_name(Target.parse(job.target))
