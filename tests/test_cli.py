@@ -222,3 +222,11 @@ def test_devices_table() -> None:
     result = invoke(["devices"])
     assert result.exit_code == 0, result.output
     assert "opencl:0" in result.output
+
+
+def test_serve_refuses_several_processes_on_sqlite(tmp_path: Path) -> None:
+    """SQLite has one writer: `--workers 2` on it is refused before anything listens."""
+    result = runner.invoke(app, ["serve", "--workers", "2", "--database-url",
+                                 f"sqlite:///{tmp_path / 'x.db'}"])
+    assert result.exit_code == 2
+    assert "--workers" in result.output and "PostgreSQL" in result.output
