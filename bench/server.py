@@ -147,11 +147,8 @@ def server(url: str, queue_url: str, log: Path, extra_env: dict[str, str] | None
     env = dict(os.environ, TUNER_REDIS_PREFIX=prefix, **(extra_env or {}))
     cmd = [TUNER, "serve", "--host", "127.0.0.1", "--port", str(port),
            "--database-url", url, "--queue-url", queue_url, *(serve_args or [])]
-    if UVICORN_WORKERS[0] > 1:  # experiment: several server processes on one port
-        env.update(TUNER_DATABASE_URL=url, TUNER_QUEUE_URL=queue_url)
-        cmd = [str(BIN / "uvicorn"), "tuner_server.app:create_app", "--factory",
-               "--workers", str(UVICORN_WORKERS[0]), "--host", "127.0.0.1", "--port",
-               str(port), "--log-level", "warning"]
+    if UVICORN_WORKERS[0] > 1:  # several server processes on one port (PostgreSQL)
+        cmd += ["--workers", str(UVICORN_WORKERS[0])]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -525,9 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-arg", action="append",
                    help="extra argument for `tuner serve` (repeatable)")
     p.add_argument("--uvicorn-workers", type=int, default=0,
-                   help="experiment: run `uvicorn tuner_server.app:create_app --factory "
-                        "--workers N` instead of `tuner serve` (one process); the server-side "
-                        "counters are then one process's only")
+                   help="run `tuner serve --workers N` (N server processes, PostgreSQL "
+                        "only); the server-side counters are then one process's only")
     args = p.parse_args(argv)
     UVICORN_WORKERS[0] = args.uvicorn_workers
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
