@@ -29,7 +29,7 @@ from cli.main import app  # noqa: E402
 from compiler.runtime.device import BuildError, Device, DeviceInfo  # noqa: E402
 from compiler.runtime.isolate import IsolatedMeasurer  # noqa: E402
 from compiler.runtime.measure import MeasureRequest, measure  # noqa: E402
-from compiler.templates import Kernel, get_template  # noqa: E402
+from compiler.templates import Kernel  # noqa: E402
 from schemas import (  # noqa: E402
     Config,
     DeviceLimits,

@@ -22,13 +22,13 @@ from typing import Any
 
 import httpx
 import pytest
+from server_fixtures import empty_database, free_port, make_tokens, migrate
 from sqlalchemy import create_engine, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from schemas import MeasureErrorNo, MeasureInput, MeasureResult, Record, Target, Workload
-from server_fixtures import empty_database, free_port, make_tokens, migrate
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 
 pytestmark = pytest.mark.timeout(180)

@@ -16,10 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import text
-from typer.testing import CliRunner
-
-from cli.main import app as cli_app
 from server_fixtures import (
     BACKENDS,
     REPO_ROOT,
@@ -27,12 +23,16 @@ from server_fixtures import (
     empty_database,
     free_port,
     live_server,
-    migrate,
     make_tokens,
+    migrate,
     start_server,
     tophub_lines,
     tophub_paths,
 )
+from sqlalchemy import text
+from typer.testing import CliRunner
+
+from cli.main import app as cli_app
 
 pytestmark = pytest.mark.timeout(300)
 

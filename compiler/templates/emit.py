@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
 # How a loop is annotated in the schedule: virtual threads are always expanded in the
 # source (as TVM's vthread injection does), ``auto`` loops follow the auto-unroll knobs.
 VTHREAD, AUTO = "vthread", "auto"
