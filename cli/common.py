@@ -8,7 +8,13 @@ from typing import Any, NoReturn
 import typer
 from pydantic import ValidationError
 
-from compiler.templates import Template, UnknownTemplateError, get_template
+from compiler.templates import (
+    ConfigError,
+    Template,
+    UnknownTemplateError,
+    WorkloadError,
+    get_template,
+)
 from schemas import Config, Workload
 
 
@@ -33,8 +39,6 @@ def load_template(name: str) -> Template:
 
 def load_workload(template: Template, text: str, flag: str = "--workload") -> Workload:
     """An AutoTVM args list; checked against the template at once."""
-    from compiler.templates import WorkloadError
-
     args = parse_json(text, flag)
     try:
         workload = Workload(template=template.name, args=args)
@@ -49,8 +53,6 @@ def load_workload(template: Template, text: str, flag: str = "--workload") -> Wo
 def load_config(template: Template, workload: Workload, config: str | None,
                 index: int | None) -> Config:
     """``--config`` takes an AutoTVM ``config`` object; ``--index`` a point of the space."""
-    from compiler.templates import ConfigError
-
     if (config is None) == (index is None):
         fail("give exactly one of --config JSON or --index N")
     space = template.space(workload)

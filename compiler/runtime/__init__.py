@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from compiler.runtime.device import BuildError, Device, DeviceInfo, DeviceRuntimeError
+from schemas import Target
 
 
 def list_devices() -> list[DeviceInfo]:
@@ -34,8 +35,6 @@ def open_device(spec: str | None = None, target: str | None = None) -> Device:
 
 
 def _spec_for(target: str | None) -> str:
-    from schemas import Target
-
     devices = list_devices()
     if not devices:
         raise RuntimeError("no device found (no OpenCL platform and no CUDA GPU)")

@@ -14,7 +14,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from compiler.templates import get_template
-from schemas import Config, DeviceLimits, MeasureResult, Target, Workload
+from schemas import Config, DeviceLimits, MeasureResult, Record, Target, Workload
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import DispatchQueue, queue_matches, queue_name
 from tuner_server.search import make_tuner
@@ -46,8 +46,6 @@ def _history(session: Session, task_id: int) -> list[tuple[Config, MeasureResult
     rows = session.execute(
         select(TrialRow.config, RecordRow.line).join(RecordRow, RecordRow.trial_id == TrialRow.id)
         .where(TrialRow.task_id == task_id).order_by(RecordRow.id)).all()
-    from schemas import Record
-
     return [(Config.model_validate(c), Record.from_json(line).result) for c, line in rows]
 
 
