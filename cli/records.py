@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -96,29 +97,40 @@ def records_export(
         if best:
             sys.stdout.write(_check(client.get(f"/api/v1/logs/{tgt}")).text)
             return
-        offset = 0
-        while True:
-            page = _check(client.get("/api/v1/records", params={
-                "target": str(tgt), "limit": 10000, "offset": offset})).json()
-            for item in page["items"]:
-                typer.echo(json.dumps(item))
-            offset += len(page["items"])
-            if not page["items"] or offset >= page["total"]:
-                return
+
+        def page(offset: int) -> tuple[int, list[str]]:
+            body = _check(client.get("/api/v1/records", params={
+                "target": str(tgt), "limit": PAGE, "offset": offset})).json()
+            return body["total"], [json.dumps(item) for item in body["items"]]
+
+        _print_pages(page)
+        return
     with _sessions(database_url)() as session:
         if best:
             lines, _etag = svc.pretuned_log(session, tgt)
             for line in lines:
                 typer.echo(line)
             return
-        offset = 0
-        while True:
-            total, items = svc.query(session, tgt, limit=10000, offset=offset)
-            for record in items:
-                typer.echo(record.to_line())
-            offset += len(items)
-            if not items or offset >= total:
-                return
+
+        def local_page(offset: int) -> tuple[int, list[str]]:
+            total, items = svc.query(session, tgt, limit=PAGE, offset=offset)
+            return total, [record.to_line() for record in items]
+
+        _print_pages(local_page)
+
+
+PAGE = 10000
+
+
+def _print_pages(page: Callable[[int], tuple[int, list[str]]]) -> None:
+    offset = 0
+    while True:
+        total, lines = page(offset)
+        for line in lines:
+            typer.echo(line)
+        offset += len(lines)
+        if not lines or offset >= total:
+            return
 
 
 @records_app.command("best")

@@ -62,10 +62,15 @@ def cancel(session: Session, job_id: int) -> bool:
         session.execute(update(TaskRow).where(TaskRow.job_id == job_id,
                                               TaskRow.status.not_in(FINAL))
                         .values(status="cancelled"))
-        session.execute(update(TrialRow).where(TrialRow.task_id.in_(task_ids),
-                                               TrialRow.status == "queued")
-                        .values(status="cancelled"))
+        withdraw_queued(session, task_ids)
     return True
+
+
+def withdraw_queued(session: Session, task_ids: Any) -> None:
+    """Queued trials of these tasks (ids or a subquery) are no longer wanted."""
+    session.execute(update(TrialRow).where(TrialRow.task_id.in_(task_ids),
+                                           TrialRow.status == "queued")
+                    .values(status="cancelled"))
 
 
 def _curve(session: Session, task_id: int) -> list[tuple[int, float]]:

@@ -19,6 +19,7 @@ from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerR
 from tuner_server.queue.base import DispatchQueue, queue_matches, queue_name
 from tuner_server.search import make_tuner
 from tuner_server.services import dispatch
+from tuner_server.services.jobs import withdraw_queued
 
 log = logging.getLogger("tuner.scheduler")
 ACTIVE = ("queued", "running")
@@ -61,9 +62,7 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow,
     if task.trials_done >= job.n_trial or _stopped_early(task, job):
         task.status = "done"
         if outstanding:  # early stop: the rest of the plan is not needed
-            session.execute(TrialRow.__table__.update().where(
-                TrialRow.task_id == task.id, TrialRow.status == "queued")
-                .values(status="cancelled"))
+            withdraw_queued(session, [task.id])
         return []
     want = min(job.plan_size, job.n_trial - task.trials_planned)
     if outstanding >= job.plan_size or want <= 0:
