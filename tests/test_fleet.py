@@ -924,3 +924,24 @@ def test_metrics(make_api: Callable[..., Api]) -> None:
     assert after["tuner_lease_expiries_total"] == 1
     assert after["tuner_queue_depth"] == 3
     assert after["tuner_records"] == 1 and not math.isnan(after["tuner_trials_per_second"])
+
+
+def test_early_stopping_ends_the_task_and_withdraws_its_plan(
+        make_api: Callable[..., Api]) -> None:
+    """early_stopping=2: after two trials that do not beat the best, the task is done
+    before its budget and the rest of its queued plan is withdrawn."""
+    api = make_api("sql")
+    job_id = api.submit(job_body(n_trial=9, early_stopping=2))
+    wid = api.register("w")
+    assert api.run_pass().planned == 9
+    for cost in (1e-5, 2e-5, 3e-5):  # the best first, then two that are worse
+        [trial] = api.lease(wid)
+        assert api.report(wid, trial["trial_id"], cost)["accepted"] == 1
+    api.run_pass()
+    job = api.ok("GET", f"/api/v1/jobs/{job_id}", role="client")
+    assert job["status"] == "done", job
+    assert job["tasks"][0]["trials_done"] == 3
+    assert job["tasks"][0]["best_cost"] == pytest.approx(1e-5)
+    statuses = sorted(t.status for t in job_trials(api.db, job_id))
+    assert statuses == ["cancelled"] * 6 + ["done"] * 3
+    assert api.lease(wid, wait_s=0) == []
