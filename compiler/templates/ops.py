@@ -75,18 +75,33 @@ class Conv2dOp:
         return 2 * self.n * self.co * self.oh * self.ow * self.c * self.kh * self.kw
 
     def reference(self, data: np.ndarray, kernel: np.ndarray) -> np.ndarray:
-        pt, pl, pb, pr = self.pad
-        padded = np.pad(data.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-        out = np.zeros(self.output_shape, dtype=np.float64)
-        sh, sw = self.stride
-        dh, dw = self.dilation
-        for ky in range(self.kh):
-            for kx in range(self.kw):
+        return conv2d_nchw_reference(data, kernel, self.stride, self.pad, self.dilation)
+
+
+def conv2d_nchw_reference(data: np.ndarray, kernel: np.ndarray, stride: tuple[int, int],
+                          pad: tuple[int, int, int, int], dilation: tuple[int, int],
+                          groups: int = 1) -> np.ndarray:
+    """Grouped conv2d NCHW/OIHW in numpy with float64 accumulation; pad is t, l, b, r."""
+    pt, pl, pb, pr = pad
+    n, c, h, w = data.shape
+    co, cig, kh, kw = kernel.shape
+    sh, sw = stride
+    dh, dw = dilation
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    padded = np.pad(data.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    out = np.zeros((n, co, oh, ow), dtype=np.float64)
+    cog = co // groups
+    for g in range(groups):
+        part = padded[:, g * cig:(g + 1) * cig]
+        weight = kernel[g * cog:(g + 1) * cog].astype(np.float64)
+        for ky in range(kh):
+            for kx in range(kw):
                 y0, x0 = ky * dh, kx * dw
-                window = padded[:, :, y0:y0 + sh * (self.oh - 1) + 1:sh,
-                                x0:x0 + sw * (self.ow - 1) + 1:sw]
-                out += np.einsum("nchw,oc->nohw", window, kernel[:, :, ky, kx].astype(np.float64))
-        return out.astype(np.float32)
+                window = part[:, :, y0:y0 + sh * (oh - 1) + 1:sh, x0:x0 + sw * (ow - 1) + 1:sw]
+                out[:, g * cog:(g + 1) * cog] += np.einsum("nchw,oc->nohw", window,
+                                                           weight[:, :, ky, kx])
+    return out.astype(np.float32)
 
 
 @dataclass(frozen=True)
