@@ -48,10 +48,24 @@ class Graph:
     outputs: list[Node]
     nodes: list[Node]
 
+    def live(self) -> set[int]:
+        """ids of the nodes the outputs depend on."""
+        seen: set[int] = set()
+        stack = list(self.outputs)
+        while stack:
+            node = stack.pop()
+            if id(node) not in seen:
+                seen.add(id(node))
+                stack.extend(node.inputs)
+        return seen
+
     def users(self) -> dict[Node, list[Node]]:
-        """Who reads each node (graph outputs count as a reader, as ``None``)."""
+        """Who among the live nodes reads each node (a graph output counts as ``None``)."""
         out: dict[Node, list[Any]] = {n: [] for n in self.nodes}
+        live = self.live()
         for node in self.nodes:
+            if id(node) not in live:
+                continue
             for arg in node.inputs:
                 out[arg].append(node)
         for node in self.outputs:
@@ -72,6 +86,8 @@ class GraphBuilder:
         self.nodes: list[Node] = []
         self.inputs: list[Node] = []
         self._seen: set[int] = set()
+        # during ``rewrite``: each visited old node -> its replacement
+        self.mapping: dict[Node, Node] = {}
 
     def add(self, node: Node) -> Node:
         if id(node) not in self._seen:
@@ -120,9 +136,10 @@ Rewriter = Callable[[GraphBuilder, Node, tuple[Node, ...]], Node | None]
 
 def rewrite(graph: Graph, fn: Rewriter) -> Graph:
     """Visit nodes in order; ``fn`` returns a replacement (made with the builder) or None
-    to keep the node over its (possibly replaced) inputs."""
+    to keep the node over its (possibly replaced) inputs. ``builder.mapping`` gives the
+    replacement of any node visited before."""
     builder = GraphBuilder()
-    mapping: dict[Node, Node] = {}
+    mapping = builder.mapping
     for node in graph.nodes:
         args = tuple(mapping[a] for a in node.inputs)
         new = fn(builder, node, args)

@@ -35,7 +35,7 @@ def bind_inputs(graph: Graph, inputs: Inputs) -> dict[Node, np.ndarray]:
 
 def evaluate(graph: Graph, inputs: Inputs) -> list[np.ndarray]:
     values = bind_inputs(graph, inputs)
-    needed = _needed(graph)
+    needed = graph.live()
     for node in graph.nodes:
         if id(node) not in needed or node in values:
             continue
@@ -47,13 +47,3 @@ def evaluate(graph: Graph, inputs: Inputs) -> list[np.ndarray]:
             values[node] = evaluate_op(node.op, [values[a] for a in node.inputs], node.attrs)
     return [values[n] for n in graph.outputs]
 
-
-def _needed(graph: Graph) -> set[int]:
-    seen: set[int] = set()
-    stack = list(graph.outputs)
-    while stack:
-        node = stack.pop()
-        if id(node) not in seen:
-            seen.add(id(node))
-            stack.extend(node.inputs)
-    return seen

@@ -37,7 +37,7 @@ def print_graph(graph: Graph) -> str:
 
     for node in graph.inputs:
         names[node] = "%" + unique(_ident(node.name) or "input")
-    live = {id(n) for n in _reachable(graph)}
+    live = graph.live()
     lines, counter = [], 0
     for node in graph.nodes:
         if id(node) not in live or node in names:
@@ -67,16 +67,3 @@ def print_graph(graph: Graph) -> str:
     tail = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
     return "\n".join(header + lines + [f"  {tail}", "}"]) + "\n"
 
-
-def _reachable(graph: Graph) -> list[Node]:
-    seen: set[int] = set()
-    order: list[Node] = []
-    stack = list(graph.outputs)
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        order.append(node)
-        stack.extend(node.inputs)
-    return order

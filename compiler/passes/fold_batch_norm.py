@@ -1,0 +1,124 @@
+"""Batch-norm folding: inference batch-norm is a per-channel scale and shift; where it
+follows a conv2d or dense, the scale goes into the weights and the shift into a bias.
+
+Three rewrites, in order:
+1. ``nn.batch_norm`` becomes ``multiply`` + ``add`` by per-channel constants;
+2. a per-channel ``multiply`` right after conv2d/dense (through its bias_add) scales the
+   weights (and that bias) instead: ``conv(x, w) * s == conv(x, w * s)``;
+3. a per-channel ``add`` of a constant becomes ``nn.bias_add`` (merged into an earlier
+   bias), which op fusion then puts into the kernel's epilogue.
+A batch-norm that cannot fold (DenseNet's pre-activation BN) stays a scale and shift.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.ir import Graph, GraphBuilder, Node, rewrite
+from compiler.ir.ops import batch_norm_scale_shift
+
+PRODUCERS = frozenset({"nn.conv2d", "nn.dense"})
+
+
+def per_channel(const: Node, out: Node) -> np.ndarray | None:
+    """The constant as one value per channel (axis 1) of ``out``, or None if it varies
+    along any other axis or would change the output's shape by broadcasting."""
+    if not const.is_const or const.value is None or out.ty.ndim < 2:
+        return None
+    value = const.value
+    if value.ndim > out.ty.ndim:
+        return None
+    shape = (1,) * (out.ty.ndim - value.ndim) + value.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1):
+        return None
+    channels = out.ty.shape[1]
+    if shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(value.reshape(-1) if value.size else value,
+                           (channels,)).astype(np.float32)
+
+
+def decompose_batch_norm(graph: Graph) -> Graph:
+    def visit(b: GraphBuilder, node: Node, args: tuple[Node, ...]) -> Node | None:
+        if node.op != "nn.batch_norm" or not all(a.is_const for a in args[1:]):
+            return None
+        scale, shift = batch_norm_scale_shift(*(a.value for a in args[1:]),  # type: ignore[misc]
+                                              node.attr("epsilon"))
+        axis = node.attr("axis") % node.ty.ndim
+        shape = [1] * (node.ty.ndim - axis)
+        shape[0] = -1
+        scaled = b.call("multiply", [args[0], b.const(scale.reshape(shape), f"{node.name}.scale")],
+                        f"{node.name}.scale")
+        return b.call("add", [scaled, b.const(shift.reshape(shape), f"{node.name}.shift")],
+                      node.name)
+
+    return rewrite(graph, visit)
+
+
+def _producer_chain(node: Node, users: dict[Node, list]) -> tuple[Node, Node | None] | None:
+    """(conv/dense, its bias_add or None) ending at ``node``, each read only once."""
+    bias = None
+    if node.op == "nn.bias_add" and node.inputs[1].is_const:
+        bias, node = node, node.inputs[0]
+    if node.op not in PRODUCERS or len(users[node]) != 1:
+        return None
+    if node.inputs[1].is_const and (bias is None or len(users[bias]) == 1):
+        return node, bias
+    return None
+
+
+def fold_scale(graph: Graph) -> Graph:
+    users = graph.users()
+
+    def visit(b: GraphBuilder, node: Node, args: tuple[Node, ...]) -> Node | None:
+        if node.op != "multiply":
+            return None
+        for src, const in ((0, 1), (1, 0)):
+            scale = per_channel(node.inputs[const], node)
+            if scale is None or args[src].ty.shape != node.ty.shape:
+                continue
+            if _producer_chain(node.inputs[src], users) is None:
+                continue
+            tail = args[src]  # the chain as rewritten so far; only this multiply reads it
+            bias = tail if tail.op == "nn.bias_add" else None
+            producer = tail.inputs[0] if bias is not None else tail
+            weight = producer.inputs[1].value
+            assert weight is not None
+            w = weight * scale.reshape((-1,) + (1,) * (weight.ndim - 1))
+            folded = b.call(producer.op, [producer.inputs[0],
+                                          b.const(w, producer.inputs[1].name)],
+                            producer.name, **producer.attrs)
+            if bias is None:
+                return folded
+            old = bias.inputs[1].value
+            assert old is not None
+            return b.call("nn.bias_add", [folded, b.const(old * scale, bias.inputs[1].name)],
+                          bias.name, **bias.attrs)
+        return None
+
+    return rewrite(graph, visit)
+
+
+def add_to_bias(graph: Graph) -> Graph:
+    def visit(b: GraphBuilder, node: Node, args: tuple[Node, ...]) -> Node | None:
+        if node.op != "add":
+            return None
+        for src, const in ((0, 1), (1, 0)):
+            shift = per_channel(args[const], node)
+            if shift is None or args[src].ty.shape != node.ty.shape:
+                continue
+            base = args[src]
+            if base.op == "nn.bias_add" and base.inputs[1].is_const and base.attr("axis") % \
+                    base.ty.ndim == 1:
+                merged = base.inputs[1].value + shift  # type: ignore[operator]
+                return b.call("nn.bias_add", [base.inputs[0], b.const(merged, node.name)],
+                              node.name, axis=1)
+            return b.call("nn.bias_add", [base, b.const(shift, f"{node.name}.bias")], node.name,
+                          axis=1)
+        return None
+
+    return rewrite(graph, visit)
+
+
+def fold_batch_norm(graph: Graph) -> Graph:
+    return add_to_bias(fold_scale(decompose_batch_norm(graph)))
