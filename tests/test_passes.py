@@ -87,6 +87,18 @@ def test_batch_norm_that_cannot_fold_becomes_scale_and_shift() -> None:
     same_outputs(graph, folded, rand(1, 6, 5, 5))
 
 
+def test_repeated_scale_and_shift_fold_to_one_bias() -> None:
+    # DenseNet: conv -> batch-norm -> Mul(scale) -> Add(shift), all per channel
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 6, 6))
+    bn = b.call("nn.batch_norm", [conv(b, x, 3, 5), *bn_params(b, 5)])
+    scaled = b.call("multiply", [bn, b.const(rand(5, 1, 1))])
+    graph = b.finish([b.call("nn.relu", [b.call("add", [scaled, b.const(rand(5, 1, 1))])])])
+    folded = eliminate_dead_code(fold_batch_norm(graph))
+    assert ops(folded) == ["nn.conv2d", "nn.bias_add", "nn.relu"]
+    same_outputs(graph, folded, rand(1, 3, 6, 6))
+
+
 def test_scale_of_a_conv_read_twice_is_not_folded() -> None:
     b = GraphBuilder()
     x = b.input("x", (1, 3, 5, 5))

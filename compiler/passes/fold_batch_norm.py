@@ -100,19 +100,25 @@ def fold_scale(graph: Graph) -> Graph:
 
 
 def add_to_bias(graph: Graph) -> Graph:
+    users = graph.users()
+
     def visit(b: GraphBuilder, node: Node, args: tuple[Node, ...]) -> Node | None:
-        if node.op != "add":
+        if node.op == "nn.bias_add" and node.attr("axis") % node.ty.ndim == 1:
+            src, shift = 0, args[1].value  # a bias is per channel by definition
+        elif node.op == "add":
+            src = 1 if args[0].is_const else 0
+            shift = per_channel(args[1 - src], node)
+        else:
             return None
-        for src, const in ((0, 1), (1, 0)):
-            shift = per_channel(args[const], node)
-            if shift is None or args[src].ty.shape != node.ty.shape:
-                continue
-            base = args[src]
-            if base.op == "nn.bias_add" and base.inputs[1].is_const and base.attr("axis") % \
-                    base.ty.ndim == 1:
-                merged = base.inputs[1].value + shift  # type: ignore[operator]
-                return b.call("nn.bias_add", [base.inputs[0], b.const(merged, node.name)],
-                              node.name, axis=1)
+        base = args[src]
+        if shift is None or base.ty.shape != node.ty.shape:
+            return None
+        if (base.op == "nn.bias_add" and base.inputs[1].is_const
+                and base.attr("axis") % base.ty.ndim == 1 and len(users[node.inputs[src]]) == 1):
+            merged = base.inputs[1].value + shift  # type: ignore[operator]
+            return b.call("nn.bias_add", [base.inputs[0], b.const(merged, f"{node.name}.bias")],
+                          node.name, axis=1)
+        if node.op == "add":
             return b.call("nn.bias_add", [base, b.const(shift, f"{node.name}.bias")], node.name,
                           axis=1)
         return None
@@ -121,4 +127,11 @@ def add_to_bias(graph: Graph) -> Graph:
 
 
 def fold_batch_norm(graph: Graph) -> Graph:
-    return add_to_bias(fold_scale(decompose_batch_norm(graph)))
+    # Repeat to a fixed point: DenseNet scales and shifts twice after each conv
+    # (batch-norm, then an explicit Mul and Add), and each fold enables the next.
+    graph = decompose_batch_norm(graph)
+    while True:
+        folded = add_to_bias(fold_scale(graph))
+        if folded.live() == graph.live():
+            return folded
+        graph = folded
