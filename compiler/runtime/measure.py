@@ -6,6 +6,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -46,6 +47,16 @@ def max_abs_error_ok(out: np.ndarray, ref: np.ndarray, options: MeasureOptions) 
     return True, ""
 
 
+@lru_cache(maxsize=4)
+def _operands(template_name: str, workload: Workload, epilogue: Epilogue,
+              seed: int) -> tuple[list[np.ndarray], Callable[[], np.ndarray]]:
+    """Inputs and (lazily) the numpy reference of a task, kept across its trials: the
+    float64 reference of a large conv takes seconds, longer than building the kernel."""
+    template = get_template(template_name)
+    arrays = template.make_inputs(workload, epilogue, np.random.default_rng(seed))
+    return arrays, lru_cache(maxsize=1)(lambda: template.reference(workload, arrays, epilogue))
+
+
 def measure(device: Device, request: MeasureRequest,
             on_stage: Callable[[str], None] | None = None) -> MeasureResult:
     """Run one trial on ``device``; every failure becomes a result, never an exception."""
@@ -76,8 +87,8 @@ def measure(device: Device, request: MeasureRequest,
     except BuildError as err:
         return fail(MeasureErrorNo.COMPILE_DEVICE, f"device compiler failed: {err}")
     stage("run")
-    rng = np.random.default_rng(request.seed)
-    arrays = template.make_inputs(request.workload, request.epilogue, rng)
+    arrays, reference = _operands(request.template, request.workload, request.epilogue,
+                                  request.seed)
     out_shape = template.output_shape(request.workload)
     try:
         buffers = [device.upload(a) for a in arrays]
@@ -86,8 +97,7 @@ def measure(device: Device, request: MeasureRequest,
         device.run(program, kernel, buffers)
         if opts.check_correctness:
             got = device.download(out_buf, out_shape)
-            ok, why = max_abs_error_ok(got, template.reference(request.workload, arrays,
-                                                               request.epilogue), opts)
+            ok, why = max_abs_error_ok(got, reference(), opts)
             if not ok:
                 return fail(MeasureErrorNo.WRONG_ANSWER, why)
         number = opts.number
