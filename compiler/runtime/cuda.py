@@ -94,29 +94,55 @@ class CUDADevice(Device):
         return self._drv.to_device(np.ascontiguousarray(array))
 
     def alloc(self, shape: tuple[int, ...]) -> Any:
-        return self._drv.mem_alloc(max(4 * int(np.prod(shape)), 4))
+        return self.alloc_bytes(4 * int(np.prod(shape)))
+
+    def alloc_bytes(self, nbytes: int) -> Any:
+        return self._drv.mem_alloc(max(nbytes, 4))
+
+    def write(self, buffer: Any, array: np.ndarray) -> None:
+        self._drv.memcpy_htod(buffer, np.ascontiguousarray(array))
 
     def download(self, buffer: Any, shape: tuple[int, ...]) -> np.ndarray:
         out = np.empty(shape, dtype=np.float32)
         self._drv.memcpy_dtoh(out, buffer)
         return out
 
-    def _launch(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
-        program(*buffers, block=kernel.block, grid=kernel.grid)
-
-    def run(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
+    def launch(self, program: Any, kernel: Kernel, buffers: list[Any],
+               timed: bool = False) -> Any:
+        """A timed launch is bracketed by a (start, end) pair of events."""
         try:
-            self._launch(program, kernel, buffers)
+            if not timed:
+                program(*buffers, block=kernel.block, grid=kernel.grid)
+                return None
+            start, end = self._drv.Event(), self._drv.Event()
+            start.record()
+            program(*buffers, block=kernel.block, grid=kernel.grid)
+            end.record()
+        except self._drv.Error as err:
+            raise DeviceRuntimeError(str(err)) from None
+        return start, end
+
+    def synchronize(self) -> None:
+        try:
             self._drv.Context.synchronize()
         except self._drv.Error as err:
             raise DeviceRuntimeError(str(err)) from None
+
+    def elapsed(self, first: Any, last: Any = None) -> float:
+        start, end = first[0], (first if last is None else last)[1]
+        end.synchronize()
+        return start.time_till(end) * 1e-3
+
+    def run(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
+        self.launch(program, kernel, buffers)
+        self.synchronize()
 
     def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int) -> float:
         start, end = self._drv.Event(), self._drv.Event()
         try:
             start.record()
             for _ in range(number):
-                self._launch(program, kernel, buffers)
+                program(*buffers, block=kernel.block, grid=kernel.grid)
             end.record()
             end.synchronize()
         except self._drv.Error as err:

@@ -67,6 +67,33 @@ class Device(ABC):
     @abstractmethod
     def download(self, buffer: Any, shape: tuple[int, ...]) -> np.ndarray: ...
 
+    # What the graph executor needs on top of measuring one kernel. Not abstract, so a
+    # device that only builds and times trials (a test double) need not provide them.
+
+    def alloc_bytes(self, nbytes: int) -> Any:
+        """An uninitialised buffer of ``nbytes`` (at least one word): pooled storage."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run graphs")
+
+    def write(self, buffer: Any, array: np.ndarray) -> None:
+        """Copy ``array`` into the start of an existing buffer; returns once it is copied."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run graphs")
+
+    def launch(self, program: Any, kernel: Kernel, buffers: list[Any],
+               timed: bool = False) -> Any:
+        """Enqueue one launch without waiting (launches run in order); with ``timed`` the
+        result is a handle for ``elapsed``. Raises DeviceRuntimeError."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run graphs")
+
+    def synchronize(self) -> None:
+        """Wait until every enqueued launch and copy has finished; DeviceRuntimeError if
+        one failed."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run graphs")
+
+    def elapsed(self, first: Any, last: Any = None) -> float:
+        """Device seconds from the start of timed launch ``first`` to the end of ``last``
+        (default: ``first`` alone); waits for ``last`` to finish."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run graphs")
+
     @abstractmethod
     def run(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
         """Launch once and wait; raises DeviceRuntimeError."""

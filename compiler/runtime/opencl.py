@@ -157,9 +157,15 @@ class OpenCLDevice(Device):
         return cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(array))
 
     def alloc(self, shape: tuple[int, ...]) -> Any:
+        return self.alloc_bytes(4 * int(np.prod(shape)))
+
+    def alloc_bytes(self, nbytes: int) -> Any:
         cl = _cl()
-        nbytes = 4 * int(np.prod(shape))
         return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size=max(nbytes, 4))
+
+    def write(self, buffer: Any, array: np.ndarray) -> None:
+        cl = _cl()
+        cl.enqueue_copy(self.queue, buffer, np.ascontiguousarray(array), is_blocking=True)
 
     def download(self, buffer: Any, shape: tuple[int, ...]) -> np.ndarray:
         cl = _cl()
@@ -167,20 +173,39 @@ class OpenCLDevice(Device):
         cl.enqueue_copy(self.queue, out, buffer)
         return out
 
-    def _launch(self, program: Any, kernel: Kernel, buffers: list[Any]) -> Any:
-        return program(self.queue, kernel.global_size, kernel.block, *buffers)
+    def launch(self, program: Any, kernel: Kernel, buffers: list[Any],
+               timed: bool = False) -> Any:
+        """Every launch returns its event: the queue profiles them all anyway."""
+        cl = _cl()
+        try:
+            return program(self.queue, kernel.global_size, kernel.block, *buffers)
+        except cl.Error as err:
+            raise DeviceRuntimeError(str(err)) from None
+
+    def synchronize(self) -> None:
+        cl = _cl()
+        try:
+            self.queue.finish()
+        except cl.Error as err:
+            raise DeviceRuntimeError(str(err)) from None
+
+    def elapsed(self, first: Any, last: Any = None) -> float:
+        last = first if last is None else last
+        last.wait()
+        return (last.profile.end - first.profile.start) * 1e-9
 
     def run(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
         cl = _cl()
+        event = self.launch(program, kernel, buffers)
         try:
-            self._launch(program, kernel, buffers).wait()
+            event.wait()
         except cl.Error as err:
             raise DeviceRuntimeError(str(err)) from None
 
     def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int) -> float:
         cl = _cl()
+        events = [self.launch(program, kernel, buffers) for _ in range(number)]
         try:
-            events = [self._launch(program, kernel, buffers) for _ in range(number)]
             events[-1].wait()
         except cl.Error as err:
             raise DeviceRuntimeError(str(err)) from None

@@ -1,0 +1,51 @@
+"""Plain (untuned) kernels for every IR op that no tunable template computes.
+
+``lower(node)`` turns one op node into a ``Kernel``: its buffers are the node's inputs in
+order (constants included) followed by the output, and its source compiles as OpenCL C
+or CUDA C through the templates' prelude. Conv2d and dense have a plain kernel too: the
+fallback when a layer has no tuned config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from compiler.ir import CONST, INPUT, Node
+from compiler.ir.ops import ALIAS_OPS
+from compiler.kernels import conv2d, dense, elementwise, lrn, movement, pool, softmax
+from compiler.kernels.common import NoKernelError, check_operands, describe
+from compiler.templates.base import DIALECTS, Kernel
+from compiler.templates.prelude import with_prelude
+
+KERNELS: dict[str, Callable[[Node], Kernel]] = {
+    **elementwise.KERNELS,
+    **pool.KERNELS,
+    **softmax.KERNELS,
+    **lrn.KERNELS,
+    **movement.KERNELS,
+    **conv2d.KERNELS,
+    **dense.KERNELS,
+}
+
+
+def lower(node: Node, dialect: str = "opencl") -> Kernel:
+    """The plain kernel computing ``node``; NoKernelError when there is none."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect {dialect!r} is not one of {', '.join(DIALECTS)}")
+    if node.op in (INPUT, CONST):
+        raise NoKernelError(f"{describe(node)}: graph inputs and constants are data, "
+                            "not kernels")
+    if node.op in ALIAS_OPS:
+        raise NoKernelError(f"{describe(node)}: an alias of its input's storage, run "
+                            "without a kernel")
+    make = KERNELS.get(node.op)
+    if make is None:
+        raise NoKernelError(f"{describe(node)}: no plain kernel for op {node.op!r}")
+    check_operands(node)
+    kernel = make(node)
+    return dataclasses.replace(kernel, source=with_prelude(kernel.source, dialect),
+                               dialect=dialect)
+
+
+__all__ = ["KERNELS", "NoKernelError", "lower"]

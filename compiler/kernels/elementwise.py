@@ -1,0 +1,84 @@
+"""Element-wise ops, one work-item per output element; either operand may broadcast
+(numpy rules), so a (C, 1, 1) constant scale or a scalar needs no expand kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from compiler.ir import Node
+from compiler.kernels.common import c_float, linear, per_item, unravel
+from compiler.templates.base import Kernel
+
+# op -> C expression over the loaded operands a0, a1
+_BINARY = {"add": "a0 + a1", "multiply": "a0 * a1", "subtract": "a0 - a1", "divide": "a0 / a1"}
+
+
+def _unary_expr(op: str, attrs: dict[str, Any]) -> str:
+    if op == "nn.relu":
+        return "fmax(a0, 0.0f)"
+    if op == "nn.leaky_relu":
+        return f"(a0 >= 0.0f ? a0 : a0 * {c_float(attrs['alpha'])})"
+    if op == "sigmoid":
+        return "1.0f / (1.0f + exp(-a0))"
+    return "a0"  # copy
+
+
+def _aligned(shape: Sequence[int], ndim: int) -> tuple[int, ...]:
+    """``shape`` as numpy broadcasts it against ``ndim`` dimensions (leading ones)."""
+    return (1,) * (ndim - len(shape)) + tuple(shape)
+
+
+def _on_axis(length: int, ndim: int, axis: int) -> tuple[int, ...]:
+    """A per-channel vector as a broadcastable shape along ``axis``."""
+    shape = [1] * ndim
+    shape[axis % ndim] = length
+    return tuple(shape)
+
+
+def _kernel(node: Node, names: Sequence[str], shapes: Sequence[tuple[int, ...]],
+            result: Sequence[str]) -> Kernel:
+    """Load operand k (as broadcast ``shapes[k]``) into ``a{k}``, then run ``result``."""
+    out_shape = node.ty.shape
+    body = unravel("i", out_shape) if any(s != out_shape for s in shapes) else []
+    coords = [f"c{k}" for k in range(len(out_shape))]
+    for k, (name, shape) in enumerate(zip(names, shapes)):
+        index = "i" if shape == out_shape else linear(coords, shape)
+        body.append(f"const float a{k} = {name}[{index}];")
+    return per_item(node, names, node.ty.size, [*body, *result])
+
+
+def binary(node: Node) -> Kernel:
+    ndim = node.ty.ndim
+    shapes = [_aligned(a.ty.shape, ndim) for a in node.inputs]
+    return _kernel(node, ("lhs", "rhs"), shapes, [f"out[i] = {_BINARY[node.op]};"])
+
+
+def unary(node: Node) -> Kernel:
+    return _kernel(node, ("data",), [node.ty.shape],
+                   [f"out[i] = {_unary_expr(node.op, node.attrs)};"])
+
+
+def bias_add(node: Node) -> Kernel:
+    data, bias = node.inputs
+    shape = _on_axis(bias.ty.size, data.ty.ndim, node.attrs["axis"])
+    return _kernel(node, ("data", "bias"), [data.ty.shape, shape], ["out[i] = a0 + a1;"])
+
+
+def batch_norm(node: Node) -> Kernel:
+    """Inference batch-norm as ``x * scale + shift``, the IR's formulation."""
+    data = node.inputs[0]
+    vec = _on_axis(node.inputs[1].ty.size, data.ty.ndim, node.attrs["axis"])
+    eps = c_float(node.attrs["epsilon"])
+    return _kernel(node, ("data", "gamma", "beta", "moving_mean", "moving_var"),
+                   [data.ty.shape, vec, vec, vec, vec],
+                   [f"const float scale = a1 / sqrt(a4 + {eps});",
+                    "out[i] = a0 * scale + (a2 - a3 * scale);"])
+
+
+KERNELS: dict[str, Callable[[Node], Kernel]] = {
+    **{op: binary for op in _BINARY},
+    **{op: unary for op in ("nn.relu", "nn.leaky_relu", "sigmoid", "copy")},
+    "nn.bias_add": bias_add,
+    "nn.batch_norm": batch_norm,
+}

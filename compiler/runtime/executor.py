@@ -1,0 +1,300 @@
+"""Run a compiled graph on one device: every kernel built once, constants uploaded once,
+intermediates in a pool of device buffers reused as soon as their last reader has run.
+
+``compiler/build.py`` lowers a graph to a ``Program`` (typed value ids, one ``Step`` per
+kernel launch); ``GraphExecutor`` runs it, times it as a whole (TVM's time_evaluator:
+warm-up, ``number`` runs per repeat, one cost per repeat) and per step.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from compiler.ir import TensorType
+from compiler.runtime.device import BuildError, Device
+from compiler.templates import Kernel
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel launch: ``args`` are value ids, one per ``kernel.buffers`` entry."""
+
+    name: str
+    kernel: Kernel
+    args: tuple[int, ...]
+
+
+@dataclass
+class Program:
+    """What ``compiler/build.py`` hands the executor."""
+
+    values: list[TensorType]
+    inputs: list[tuple[str, int]]
+    outputs: list[int]
+    constants: dict[int, np.ndarray]
+    steps: list[Step]
+    # value id -> value id whose storage it shares (reshape / flatten: no copy)
+    aliases: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    """Whole-graph latency, seconds per run, one cost per repeat."""
+
+    costs: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.costs)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.costs)
+
+    @property
+    def std(self) -> float:
+        return statistics.pstdev(self.costs)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step's device time per run and its share of all steps' time."""
+
+    name: str
+    seconds: float
+    share: float
+
+
+@dataclass(frozen=True)
+class StoragePlan:
+    """Where each value lives: ``slot[root value] = pool index``; pinned values (graph
+    inputs, constants, outputs) own their storage and are not in ``slot``."""
+
+    slot: dict[int, int]
+    pool_bytes: tuple[int, ...]
+
+
+class GraphExecutor:
+    """A ``Program`` made ready to run on ``device``."""
+
+    def __init__(self, program: Program, device: Device) -> None:
+        self.program = program
+        self.device = device
+        self._root = [_root(program.aliases, v) for v in range(len(program.values))]
+        self._check()
+        self._pinned = pinned_roots(program)
+        self._kernels = [self._build(step) for step in program.steps]
+        self.plan = plan_storage(program)
+        pool = [device.alloc_bytes(n) for n in self.plan.pool_bytes]
+        storage: dict[int, Any] = {}
+        for vid, array in program.constants.items():
+            storage[self._root[vid]] = device.upload(
+                np.ascontiguousarray(array, program.values[vid].dtype))
+        for root in self._pinned - set(storage):
+            storage[root] = device.alloc_bytes(program.values[root].nbytes)
+        for root, index in self.plan.slot.items():
+            storage[root] = pool[index]
+        self._storage = storage
+        self._args = [[storage[self._root[v]] for v in step.args] for step in program.steps]
+        self._inputs_set = not program.inputs
+
+    # ---- setup
+
+    def _check(self) -> None:
+        """Arguments fit their kernels; every value is written once, before it is read."""
+        p = self.program
+        count = len(p.values)
+        for vid in (*(v for _, v in p.inputs), *p.outputs, *p.constants, *p.aliases,
+                    *p.aliases.values(), *(a for s in p.steps for a in s.args)):
+            if not 0 <= vid < count:
+                raise ValueError(f"value id {vid} is not one of the program's {count} values")
+        defined = {self._root[v] for _, v in p.inputs} | {self._root[v] for v in p.constants}
+        for step in p.steps:
+            if len(step.args) != len(step.kernel.buffers):
+                raise ValueError(f"step {step.name}: {len(step.args)} arguments for "
+                                 f"{len(step.kernel.buffers)} kernel buffers")
+            if step.kernel.dialect != self.device.dialect:
+                raise ValueError(f"step {step.name}: a {step.kernel.dialect} kernel on a "
+                                 f"{self.device.dialect} device")
+            written = []
+            for vid, buf in zip(step.args, step.kernel.buffers):
+                if p.values[vid].size != math.prod(buf.shape):
+                    raise ValueError(f"step {step.name}: value {vid} of type "
+                                     f"{p.values[vid]} for buffer {buf.name} {list(buf.shape)}")
+                if buf.role == "out":
+                    written.append(self._root[vid])
+                elif self._root[vid] not in defined:
+                    raise ValueError(f"step {step.name}: reads value {vid} before any step "
+                                     "writes it")
+            for root in written:
+                if root in defined:
+                    raise ValueError(f"step {step.name}: value {root} is already an input, "
+                                     "a constant or another step's result")
+                defined.add(root)
+        missing = [v for v in p.outputs if self._root[v] not in defined]
+        if missing:
+            raise ValueError(f"output value(s) {missing} are never computed")
+
+    def _build(self, step: Step) -> Any:
+        try:
+            return self.device.build(step.kernel)
+        except BuildError as err:
+            raise BuildError(f"step {step.name}: {err}") from None
+
+    @property
+    def planned_bytes(self) -> int:
+        """Device bytes this executor holds: the pool plus inputs, constants and outputs."""
+        return sum(self.plan.pool_bytes) + sum(self.program.values[r].nbytes
+                                               for r in self._pinned)
+
+    @property
+    def naive_bytes(self) -> int:
+        """Device bytes with one buffer per value (aliases still share theirs)."""
+        used = self._pinned | {self._root[v] for s in self.program.steps for v in s.args}
+        return sum(self.program.values[r].nbytes for r in used)
+
+    # ---- running
+
+    def set_inputs(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> None:
+        """Check every graph input (given by name, or in order), then copy them over."""
+        names = self.program.inputs
+        if isinstance(inputs, Mapping):
+            missing = [n for n, _ in names if n not in inputs]
+            if missing:
+                raise ValueError(f"missing input(s): {', '.join(missing)}")
+            given = [inputs[n] for n, _ in names]
+        else:
+            if len(inputs) != len(names):
+                raise ValueError(f"the graph takes {len(names)} input(s), got {len(inputs)}")
+            given = list(inputs)
+        arrays = []
+        for (name, vid), array in zip(names, given):
+            ty = self.program.values[vid]
+            array = np.asarray(array)
+            if tuple(array.shape) != ty.shape:
+                raise ValueError(f"input {name}: shape {list(array.shape)}, expected "
+                                 f"{list(ty.shape)}")
+            arrays.append(np.ascontiguousarray(array, dtype=ty.dtype))
+        for (_, vid), array in zip(names, arrays):
+            self.device.write(self._storage[self._root[vid]], array)
+        self._inputs_set = True
+
+    def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Outputs of one run, in ``program.outputs`` order."""
+        self.set_inputs(inputs)
+        self._launch_all()
+        self.device.synchronize()
+        return [self.device.download(self._storage[self._root[v]], self.program.values[v].shape)
+                for v in self.program.outputs]
+
+    def _launch_all(self, timed: bool = False) -> list[Any]:
+        return [self.device.launch(program, step.kernel, args, timed)
+                for program, step, args in zip(self._kernels, self.program.steps, self._args)]
+
+    def _seconds_per_run(self, number: int) -> float:
+        """``number`` back-to-back runs, timed from the first launch's start to the last
+        one's end (only those two launches carry events)."""
+        steps = list(zip(self._kernels, self.program.steps, self._args))
+        first = last = None
+        for run in range(number):
+            for k, (program, step, args) in enumerate(steps):
+                opens = run == 0 and k == 0
+                closes = run == number - 1 and k == len(steps) - 1
+                handle = self.device.launch(program, step.kernel, args, opens or closes)
+                first = handle if opens else first
+                last = handle if closes else last
+        return self.device.elapsed(first, last) / number
+
+    def _require_inputs(self, what: str) -> None:
+        if not self._inputs_set:
+            raise RuntimeError(f"{what}: set_inputs (or run) first")
+        if not self.program.steps:
+            raise RuntimeError(f"{what}: the program has no steps to time")
+
+    def benchmark(self, number: int = 10, repeat: int = 3,
+                  min_repeat_ms: float = 0.0) -> BenchmarkResult:
+        """Whole-graph seconds per run, as TVM's time_evaluator: a warm-up run, then
+        ``repeat`` costs of ``number`` runs each; ``number`` grows until one repeat
+        lasts at least ``min_repeat_ms``."""
+        self._require_inputs("benchmark")
+        if number < 1 or repeat < 1:
+            raise ValueError(f"benchmark: number ({number}) and repeat ({repeat}) must be >= 1")
+        once = self._seconds_per_run(1)
+        if min_repeat_ms > 0:
+            number = max(number, math.ceil(min_repeat_ms / 1e3 / max(once, 1e-9)))
+        costs = tuple(self._seconds_per_run(number) for _ in range(repeat))
+        return BenchmarkResult(costs)
+
+    def profile(self, number: int = 3) -> list[StepTime]:
+        """Device seconds per step (mean of ``number`` runs with every launch timed,
+        after a warm-up run), in program order: what a "slowest layers" report sorts."""
+        self._require_inputs("profile")
+        self._launch_all()
+        totals = [0.0] * len(self.program.steps)
+        for _ in range(number):
+            for k, handle in enumerate(self._launch_all(timed=True)):
+                totals[k] += self.device.elapsed(handle)
+        total = sum(totals) or 1.0
+        return [StepTime(step.name, t / number, t / total)
+                for step, t in zip(self.program.steps, totals)]
+
+
+def _root(aliases: Mapping[int, int], vid: int) -> int:
+    seen = {vid}
+    while vid in aliases:
+        vid = aliases[vid]
+        if vid in seen:
+            raise ValueError(f"value {vid} aliases itself through a cycle")
+        seen.add(vid)
+    return vid
+
+
+def pinned_roots(program: Program) -> set[int]:
+    """Storage the pool never hands out: graph inputs, constants and outputs."""
+    return {_root(program.aliases, v)
+            for v in (*(v for _, v in program.inputs), *program.constants, *program.outputs)}
+
+
+def plan_storage(program: Program) -> StoragePlan:
+    """Greedy liveness-based sharing: walking the steps in order, a step's output takes
+    the smallest free pool buffer it fits (a new one if none does), and a value's buffer
+    goes back to the pool after the last step that reads it or an alias of it (right
+    after its own step if nothing reads it). Assumes each value is written once."""
+    root = [_root(program.aliases, v) for v in range(len(program.values))]
+    pinned = pinned_roots(program)
+    last_read: dict[int, int] = {}
+    for k, step in enumerate(program.steps):
+        for vid, buf in zip(step.args, step.kernel.buffers):
+            if buf.role != "out":
+                last_read[root[vid]] = k
+    slot: dict[int, int] = {}
+    sizes: list[int] = []
+    free: list[int] = []
+    for k, step in enumerate(program.steps):
+        for vid, buf in zip(step.args, step.kernel.buffers):
+            r = root[vid]
+            if buf.role != "out" or r in pinned:
+                continue
+            need = program.values[r].nbytes
+            fits = [i for i in free if sizes[i] >= need]
+            if fits:
+                slot[r] = min(fits, key=lambda i: sizes[i])
+                free.remove(slot[r])
+            else:
+                slot[r] = len(sizes)
+                sizes.append(need)
+        # the output was placed first, so it never shares with this step's own operands
+        for r in {root[v] for v in step.args}:
+            if r in slot and last_read.get(r, k) == k:
+                free.append(slot[r])
+    return StoragePlan(slot, tuple(sizes))
+
+
+__all__ = ["BenchmarkResult", "GraphExecutor", "Program", "Step", "StepTime", "StoragePlan",
+           "pinned_roots", "plan_storage"]
