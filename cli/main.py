@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from cli import db, demo, devices, measure, records, serve, templates, tune, worker
+from cli import db, demo, devices, measure, models, records, serve, templates, tune, worker
 
 app = typer.Typer(
     name="tuner",
-    help="AutoTVM-style kernel tuning: templates, devices, measurements.",
+    help="AutoTVM-style kernel tuning: templates, devices, measurements, models.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -20,6 +20,9 @@ app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 app.command("tune")(tune.tune)
 app.command("worker")(worker.worker)
+app.command("tasks")(models.tasks)
+app.command("compile")(models.compile_model)
+app.command("run")(models.run_model)
 app.add_typer(db.db_app, name="db")
 app.add_typer(db.token_app, name="token")
 app.add_typer(records.records_app, name="records")

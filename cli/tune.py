@@ -1,10 +1,13 @@
-"""``tuner tune``: tune one workload, embedded (nothing running) or on a server."""
+"""``tuner tune``: tune a model's tasks or one workload, embedded (nothing running) or on
+a server."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,7 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from cli.common import fail, load_template, load_workload
 from cli.db import DATABASE_URL, resolve_url
-from schemas import MeasureOptions, Target
+from schemas import MeasureOptions, Target, Workload
 
 
 def _free_port() -> int:
@@ -65,7 +68,7 @@ class EmbeddedFleet:
         self._threads[0].join(10)
 
 
-def follow(client: httpx.Client, job_id: int, flops: int) -> dict[str, Any]:
+def follow(client: httpx.Client, job_id: int) -> dict[str, Any]:
     """Show trials, best GFLOP/s and ETA until the job ends."""
     columns = (TextColumn("[bold]job {task.fields[job]}"), BarColumn(),
                TextColumn("{task.completed}/{task.total} trials"),
@@ -87,10 +90,12 @@ def follow(client: httpx.Client, job_id: int, flops: int) -> dict[str, Any]:
 
 
 def tune(
+    model: Path | None = typer.Argument(None, exists=True, dir_okay=False,
+                                        help="an .onnx model: tune all its conv2d/dense tasks"),
     target: str = typer.Option(..., "--target", help="e.g. 'opencl -model=pocl-cpu'"),
-    template: str = typer.Option(..., "--template"),
-    args: str = typer.Option(..., "--args", help="AutoTVM args list as JSON"),
-    trials: int = typer.Option(64, "--trials", min=1),
+    template: str | None = typer.Option(None, "--template", help="one task: its template"),
+    args: str | None = typer.Option(None, "--args", help="one task: AutoTVM args list as JSON"),
+    trials: int = typer.Option(64, "--trials", min=1, help="trials per task"),
     tuner: str = typer.Option("random", "--tuner"),
     early_stopping: int | None = typer.Option(None, "--early-stopping", min=1),
     server: str | None = typer.Option(None, "--server", envvar="TUNER_SERVER"),
@@ -102,15 +107,15 @@ def tune(
     min_repeat_ms: float = typer.Option(50.0, "--min-repeat-ms", min=0),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds per trial"),
 ) -> None:
-    """Tune a workload; without --server, runs the server and a worker in-process."""
-    tmpl = load_template(template)
-    workload = load_workload(tmpl, args, flag="--args")
+    """Tune a model's tasks (MODEL) or one workload (--template, --args) as one job;
+    without --server, runs the server and a worker in-process."""
     try:
         Target.parse(target)
     except ValueError as err:
         fail(f"--target: {err}")
-    body = {"target": target, "tasks": [workload.model_dump(mode="json")], "n_trial": trials,
-            "tuner": tuner, "early_stopping": early_stopping,
+    workloads = _workloads(model, target, template, args)
+    body = {"target": target, "tasks": [w.model_dump(mode="json") for w in workloads],
+            "n_trial": trials, "tuner": tuner, "early_stopping": early_stopping,
             "measure": MeasureOptions(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
                                       timeout_s=timeout).model_dump()}
     fleet = None
@@ -127,19 +132,41 @@ def tune(
             if response.is_error:
                 fail(f"server answered {response.status_code}: {response.json().get('detail')}",
                      code=1)
-            job = follow(client, response.json()["id"], tmpl.flops(workload))
+            job = follow(client, response.json()["id"])
             best = client.post("/api/v1/records/best", json={
                 "target": str(fleet.agent._measurer.device_info.target) if fleet else target,
-                "workloads": [workload.model_dump(mode="json")]}).json()["items"][0]
+                "workloads": [w.model_dump(mode="json") for w in workloads]}).json()["items"]
     finally:
         if fleet is not None:
             fleet.close()
-    task = job["tasks"][0]
-    typer.echo(f"job {job['id']} {job['status']}: {task['trials_done']} trials, "
-               f"best {task['best_gflops'] or 0:.2f} GFLOP/s")
-    if best["record"]:
-        import json
-
-        typer.echo(json.dumps(best["record"]))
+    done = sum(t["trials_done"] for t in job["tasks"])
+    top = max((t["best_gflops"] or 0.0 for t in job["tasks"]), default=0.0)
+    typer.echo(f"job {job['id']} {job['status']}: {done} trials, best {top:.2f} GFLOP/s")
+    if len(job["tasks"]) > 1:
+        for i, (task, workload) in enumerate(zip(job["tasks"], workloads)):
+            typer.echo(f"  task {i}: {task['trials_done']} trials, best "
+                       f"{task['best_gflops'] or 0:.2f} GFLOP/s  {workload.key}")
+    if len(workloads) == 1 and best[0]["record"]:
+        typer.echo(json.dumps(best[0]["record"]))
     if job["status"] != "done":
         raise typer.Exit(1)
+
+
+def _workloads(model: Path | None, target: str, template: str | None,
+               args: str | None) -> list[Workload]:
+    if model is not None:
+        if template or args:
+            fail("give MODEL or --template/--args, not both")
+        from cli.models import import_model
+        from compiler.passes import optimize
+        from compiler.tasks import extract_tasks
+
+        tasks = extract_tasks(optimize(import_model(model)), Target.parse(target))
+        if not tasks:
+            fail(f"{model}: no conv2d or dense layer to tune", code=1)
+        typer.echo(f"{model.name}: {len(tasks)} tasks")
+        return [t.workload for t in tasks]
+    if template is None or args is None:
+        fail("give MODEL, or --template and --args for one workload")
+    tmpl = load_template(template)
+    return [load_workload(tmpl, args, flag="--args")]

@@ -99,6 +99,19 @@ def test_repeated_scale_and_shift_fold_to_one_bias() -> None:
     same_outputs(graph, folded, rand(1, 3, 6, 6))
 
 
+def test_pre_activation_scale_and_shift_pairs_merge() -> None:
+    # DenseNet's pre-activation: BN then an explicit Mul and Add, with no conv before
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 5, 5))
+    bn = b.call("nn.batch_norm", [x, *bn_params(b, 6)])
+    scaled = b.call("multiply", [bn, b.const(rand(6, 1, 1))])
+    shifted = b.call("add", [scaled, b.const(rand(6, 1, 1))])
+    graph = b.finish([conv(b, b.call("nn.relu", [shifted]), 6, 4)])
+    folded = eliminate_dead_code(fold_batch_norm(graph))
+    assert ops(folded) == ["multiply", "nn.bias_add", "nn.relu", "nn.conv2d"]
+    same_outputs(graph, folded, rand(1, 6, 5, 5))
+
+
 def test_scale_of_a_conv_read_twice_is_not_folded() -> None:
     b = GraphBuilder()
     x = b.input("x", (1, 3, 5, 5))
@@ -132,6 +145,20 @@ def test_fuse_conv_bias_relu_and_residual_add() -> None:
     assert kernel.attr("epilogue") == ("bias", "relu", "add", "relu")
     assert kernel.inputs[3] is fused.ops()[0]  # the residual is the shortcut
     same_outputs(graph, fused, rand(1, 8, 6, 6))
+
+
+def test_two_branches_meeting_in_one_add_fuse_both() -> None:
+    # ResNet's projection block: shortcut conv + bn and main conv + bn meet in one add
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 6, 6))
+    shortcut = b.call("nn.bias_add", [conv(b, x, 4, 8, k=1), b.const(rand(8))])
+    main = b.call("nn.bias_add", [conv(b, x, 4, 8), b.const(rand(8))])
+    graph = b.finish([b.call("nn.relu", [b.call("add", [main, shortcut])])])
+    fused = eliminate_dead_code(fuse_ops(graph))
+    assert ops(fused) == ["fused.conv2d", "fused.conv2d"]
+    assert sorted(n.attr("epilogue") for n in fused.ops()) == [("bias",),
+                                                               ("bias", "add", "relu")]
+    same_outputs(graph, fused, rand(1, 4, 6, 6))
 
 
 def test_fusion_stops_at_a_value_read_twice_or_returned() -> None:

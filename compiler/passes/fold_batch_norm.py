@@ -55,16 +55,26 @@ def decompose_batch_norm(graph: Graph) -> Graph:
     return rewrite(graph, visit)
 
 
-def _producer_chain(node: Node, users: dict[Node, list]) -> tuple[Node, Node | None] | None:
-    """(conv/dense, its bias_add or None) ending at ``node``, each read only once."""
-    bias = None
-    if node.op == "nn.bias_add" and node.inputs[1].is_const:
-        bias, node = node, node.inputs[0]
-    if node.op not in PRODUCERS or len(users[node]) != 1:
-        return None
-    if node.inputs[1].is_const and (bias is None or len(users[bias]) == 1):
-        return node, bias
+def _scale_operand(node: Node) -> int | None:
+    """Which input of a conv/dense/per-channel multiply a later scale can be folded into."""
+    if node.op in PRODUCERS:
+        return 1 if node.inputs[1].is_const else None
+    if node.op == "multiply":
+        for k in (1, 0):
+            if per_channel(node.inputs[k], node) is not None and \
+                    node.inputs[1 - k].ty.shape == node.ty.shape:
+                return k
     return None
+
+
+def _producer_chain(node: Node, users: dict[Node, list]) -> bool:
+    """Whether ``node`` is a conv/dense/per-channel multiply, optionally followed by a
+    constant bias_add, each read only once: a per-channel scale after it can fold in."""
+    if node.op == "nn.bias_add" and node.inputs[1].is_const:
+        if len(users[node]) != 1:
+            return False
+        node = node.inputs[0]
+    return _scale_operand(node) is not None and len(users[node]) == 1
 
 
 def fold_scale(graph: Graph) -> Graph:
@@ -77,17 +87,15 @@ def fold_scale(graph: Graph) -> Graph:
             scale = per_channel(node.inputs[const], node)
             if scale is None or args[src].ty.shape != node.ty.shape:
                 continue
-            if _producer_chain(node.inputs[src], users) is None:
+            if not _producer_chain(node.inputs[src], users):
                 continue
             tail = args[src]  # the chain as rewritten so far; only this multiply reads it
             bias = tail if tail.op == "nn.bias_add" else None
             producer = tail.inputs[0] if bias is not None else tail
-            weight = producer.inputs[1].value
-            assert weight is not None
-            w = weight * scale.reshape((-1,) + (1,) * (weight.ndim - 1))
-            folded = b.call(producer.op, [producer.inputs[0],
-                                          b.const(w, producer.inputs[1].name)],
-                            producer.name, **producer.attrs)
+            k = _scale_operand(producer)
+            if k is None:
+                continue
+            folded = _scaled(b, producer, k, scale)
             if bias is None:
                 return folded
             old = bias.inputs[1].value
@@ -97,6 +105,21 @@ def fold_scale(graph: Graph) -> Graph:
         return None
 
     return rewrite(graph, visit)
+
+
+def _scaled(b: GraphBuilder, producer: Node, k: int, scale: np.ndarray) -> Node:
+    """``producer`` with its operand ``k`` (weights, or a per-channel factor) times scale."""
+    operand = producer.inputs[k]
+    if producer.op == "multiply":
+        factor = per_channel(operand, producer)
+        assert factor is not None
+        value = (factor * scale).reshape((-1,) + (1,) * (producer.ty.ndim - 2))
+    else:
+        assert operand.value is not None
+        value = operand.value * scale.reshape((-1,) + (1,) * (operand.value.ndim - 1))
+    inputs = list(producer.inputs)
+    inputs[k] = b.const(value, operand.name)
+    return b.call(producer.op, inputs, producer.name, **producer.attrs)
 
 
 def add_to_bias(graph: Graph) -> Graph:

@@ -14,13 +14,17 @@ from compiler.ir import Graph, GraphBuilder, Node, rewrite
 FUSABLE = {"nn.conv2d": "fused.conv2d", "nn.dense": "fused.dense"}
 
 
-def _grow(start: Node, users: dict[Node, list]) -> tuple[list[Node], tuple[str, ...], Node | None,
-                                                         Node | None]:
-    """The chain after ``start``: its nodes, the epilogue, the bias and residual nodes."""
+def _grow(start: Node, users: dict[Node, list], claimed: set[Node]
+          ) -> tuple[list[Node], tuple[str, ...], Node | None, Node | None]:
+    """The chain after ``start``: its nodes, the epilogue, the bias and residual nodes.
+    A node an earlier chain took is not taken again (ResNet's shortcut and main branch
+    both reach the same residual add; the first to get there fuses it)."""
     chain, ops, bias, residual = [], [], None, None
     node = start
     while len(users[node]) == 1 and users[node][0] is not None:
         nxt = users[node][0]
+        if nxt in claimed:
+            break
         if nxt.op == "nn.bias_add" and bias is None and nxt.inputs[0] is node \
                 and nxt.attr("axis") % nxt.ty.ndim == 1:
             bias = nxt.inputs[1]
@@ -42,11 +46,13 @@ def _grow(start: Node, users: dict[Node, list]) -> tuple[list[Node], tuple[str, 
 def fuse_ops(graph: Graph) -> Graph:
     users = graph.users()
     plans: dict[Node, tuple[Node, tuple[str, ...], Node | None, Node | None]] = {}
+    claimed: set[Node] = set()
     for node in graph.nodes:
         if node.op in FUSABLE:
-            chain, ops, bias, residual = _grow(node, users)
+            chain, ops, bias, residual = _grow(node, users, claimed)
             if chain:
                 plans[chain[-1]] = (node, ops, bias, residual)
+                claimed.update(chain)
 
     def visit(b: GraphBuilder, node: Node, args: tuple[Node, ...]) -> Node | None:
         plan = plans.get(node)

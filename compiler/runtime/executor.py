@@ -212,8 +212,12 @@ class GraphExecutor:
         return self.device.elapsed(first, last) / number
 
     def _require_inputs(self, what: str) -> None:
+        """Timing needs defined inputs, not their values: without ``set_inputs`` (or a
+        run) the graph is timed on seeded uniform [0, 1) inputs."""
         if not self._inputs_set:
-            raise RuntimeError(f"{what}: set_inputs (or run) first")
+            rng = np.random.default_rng(0)
+            self.set_inputs([rng.uniform(0, 1, size=self.program.values[vid].shape)
+                             for _, vid in self.program.inputs])
         if not self.program.steps:
             raise RuntimeError(f"{what}: the program has no steps to time")
 

@@ -1,0 +1,185 @@
+"""``tuner compile``, ``tuner run`` and ``tuner tasks``: build an ONNX model with the best
+known configs, run it on an input, or list the tasks it would tune."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cli.common import fail
+from cli.db import DATABASE_URL, resolve_url
+from compiler.frontend import FrontendError
+from compiler.ir import Graph, IRError, print_graph
+from compiler.records import (
+    MemorySource,
+    RecordSource,
+    RecordsError,
+    open_source,
+)
+from compiler.tasks import Task, extract_tasks
+from schemas import Target, Workload
+
+MODEL = typer.Argument(..., exists=True, dir_okay=False, readable=True, help="an .onnx file")
+TARGET = typer.Option(..., "--target", help="e.g. 'opencl -model=pocl-cpu'")
+RECORDS = typer.Option(
+    None, "--records",
+    help="server URL, AutoTVM log file, or several comma-separated; default: the embedded "
+         "database when it exists ('none': template defaults only)")
+TOKEN = typer.Option(None, "--token", envvar="TUNER_TOKEN", help="bearer token for a server")
+
+
+def parse_target(text: str) -> Target:
+    try:
+        return Target.parse(text)
+    except ValueError as err:
+        fail(f"--target: {err}")
+
+
+def import_model(path: Path) -> Graph:
+    from compiler.frontend import import_onnx
+
+    try:
+        return import_onnx(path)
+    except (FrontendError, IRError) as err:
+        fail(f"{path}: {err}", code=1)
+
+
+def database_source(database_url: str | None, workloads: list[Workload]) -> RecordSource | None:
+    """The embedded database's records of these workloads (every target), if it exists."""
+    url = resolve_url(database_url)
+    if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).exists():
+        return None
+    from tuner_server.db.session import SchemaError, check_schema, make_engine, session_factory
+    from tuner_server.services import records as svc
+
+    engine = make_engine(url)
+    try:
+        check_schema(engine, url)
+    except SchemaError:
+        return None
+    records = []
+    with session_factory(engine)() as session:
+        for workload in workloads:
+            records += svc.query(session, workload=workload, limit=100_000)[1]
+    engine.dispose()
+    return MemorySource(records, origin=f"database {url}")
+
+
+def records_source(spec: str | None, token: str | None, database_url: str | None,
+                   workloads: list[Workload]) -> RecordSource | None:
+    if spec is None:
+        return database_source(database_url, workloads)
+    if spec.strip().lower() == "none":
+        return None
+    try:
+        return open_source(spec, token=token)
+    except ValueError as err:
+        fail(str(err))
+
+
+def print_tasks(tasks: list[Task]) -> None:
+    table = Table(title=f"{len(tasks)} tasks")
+    for col in ("#", "template", "workload", "layers", "GFLOP"):
+        table.add_column(col, justify="right" if col in ("#", "layers", "GFLOP") else "left")
+    for i, task in enumerate(tasks):
+        args = task.workload.args_json()
+        table.add_row(str(i), task.template, _short(args), str(len(task.layers)),
+                      f"{task.total_flops / 1e9:.3f}")
+    Console(width=200).print(table)
+
+
+def _short(args: list) -> str:
+    shapes = [str(a[1]) for a in args if isinstance(a, list) and a and a[0] == "TENSOR"]
+    rest = [str(a) for a in args if not (isinstance(a, list) and a and a[0] == "TENSOR")]
+    return " ".join(shapes + rest[:-1])
+
+
+def tasks(model: Path = MODEL, target: str = TARGET) -> None:
+    """List the conv2d/dense tasks of a model with their AutoTVM workloads."""
+    from compiler.passes import optimize
+
+    tgt = parse_target(target)
+    found = extract_tasks(optimize(import_model(model)), tgt)
+    print_tasks(found)
+    for i, task in enumerate(found):
+        typer.echo(f"{i}: {task.workload.key}")
+
+
+def _build(model: Path, target: str, records: str | None, token: str | None,
+           database_url: str | None, device: str | None, print_ir: bool = False):  # type: ignore[no-untyped-def]
+    from compiler.build import build
+    from compiler.passes import optimize
+    from compiler.runtime import open_device
+
+    tgt = parse_target(target)
+    graph = import_model(model)
+    if print_ir:
+        typer.echo("// before passes")
+        typer.echo(print_graph(graph))
+        typer.echo("// after passes")
+        typer.echo(print_graph(optimize(graph)))
+    try:
+        dev = open_device(device, target=str(tgt))
+    except (RuntimeError, ValueError) as err:
+        fail(str(err), code=1)
+    workloads = [t.workload for t in extract_tasks(optimize(graph), dev.target)]
+    source = records_source(records, token, database_url, workloads)
+    try:
+        module = build(graph, records=source, device=dev)
+    except RecordsError as err:
+        fail(str(err), code=1)
+    typer.echo(module.report())
+    return module
+
+
+def compile_model(
+    model: Path = MODEL,
+    target: str = TARGET,
+    records: str | None = RECORDS,
+    token: str | None = TOKEN,
+    database_url: str | None = DATABASE_URL,
+    device: str | None = typer.Option(None, "--device", help="e.g. opencl:0"),
+    print_ir: bool = typer.Option(False, "--print-ir", help="the IR before and after passes"),
+    benchmark: bool = typer.Option(False, "--benchmark", help="time the whole model"),
+    number: int = typer.Option(5, "--number", min=1),
+    repeat: int = typer.Option(3, "--repeat", min=1),
+) -> None:
+    """Build a model with the best known config of every task and print the report."""
+    module = _build(model, target, records, token, database_url, device, print_ir)
+    if benchmark:
+        result = module.benchmark(number=number, repeat=repeat)
+        typer.echo(f"latency: mean {result.mean * 1e3:.2f} ms, median "
+                   f"{result.median * 1e3:.2f} ms, std {result.std * 1e3:.2f} ms "
+                   f"({repeat} x {number} runs)")
+        slowest = sorted(module.profile(), key=lambda s: -s.seconds)[:5]
+        for step in slowest:
+            typer.echo(f"  {step.seconds * 1e3:8.2f} ms  {step.share * 100:5.1f}%  {step.name}")
+
+
+def run_model(
+    model: Path = MODEL,
+    target: str = TARGET,
+    input_path: Path = typer.Option(..., "--input", exists=True, dir_okay=False,
+                                    help=".npy for the model's (first) input"),
+    output_path: Path = typer.Option(..., "--output", help=".npy written with the output"),
+    records: str | None = RECORDS,
+    token: str | None = TOKEN,
+    database_url: str | None = DATABASE_URL,
+    device: str | None = typer.Option(None, "--device", help="e.g. opencl:0"),
+) -> None:
+    """Build a model, run it on one input, save the (first) output."""
+    try:
+        data = np.load(input_path, allow_pickle=False)
+    except (ValueError, OSError) as err:
+        fail(f"--input: {err}")
+    module = _build(model, target, records, token, database_url, device)
+    try:
+        (out, *_rest) = module.run([data])
+    except (ValueError, IRError) as err:
+        fail(f"--input: {err}")
+    np.save(output_path, out)
+    typer.echo(f"wrote {output_path}: shape {list(out.shape)}")

@@ -1,0 +1,119 @@
+"""model + target + records -> a module that runs on the device.
+
+The pipeline: import (ONNX) -> optimize (fold constants and batch-norm, fuse epilogues)
+-> extract tasks -> pick each task's config (records fallback chain) -> lower every op
+to a kernel (templates for conv2d/dense, plain kernels for the rest) -> plan buffers and
+build the kernels in a graph executor.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from compiler.ir import CONST, INPUT, Graph, Node
+from compiler.ir.ops import ALIAS_OPS
+from compiler.kernels import lower as lower_plain
+from compiler.passes import optimize
+from compiler.records import Choice, RecordSource, build_report, choose_configs
+from compiler.runtime import Device, open_device
+from compiler.runtime.executor import BenchmarkResult, GraphExecutor, Program, Step, StepTime
+from compiler.tasks import Task, extract_tasks, node_workload
+from compiler.templates import Epilogue, get_template
+from schemas import Target
+
+Model = Graph | str | os.PathLike[str] | Any  # a Graph, an .onnx path or an onnx.ModelProto
+
+
+@dataclass
+class Module:
+    """A built model: its optimized graph, the decisions made, and the executor."""
+
+    graph: Graph
+    tasks: list[Task]
+    choices: list[Choice]
+    program: Program
+    executor: GraphExecutor
+    device: Device
+
+    def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> list[np.ndarray]:
+        return self.executor.run(inputs)
+
+    def benchmark(self, number: int = 10, repeat: int = 3,
+                  min_repeat_ms: float = 0.0) -> BenchmarkResult:
+        return self.executor.benchmark(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
+
+    def profile(self, number: int = 3) -> list[StepTime]:
+        return self.executor.profile(number=number)
+
+    def report(self) -> str:
+        return build_report(self.choices, [t.flops * len(t.layers) for t in self.tasks],
+                            self.device.target)
+
+
+def load_graph(model: Model) -> Graph:
+    if isinstance(model, Graph):
+        return model
+    from compiler.frontend import import_onnx
+
+    return import_onnx(model)
+
+
+def build(model: Model, target: str | Target | None = None,
+          records: RecordSource | None = None, device: Device | None = None) -> Module:
+    """Compile ``model`` for the local device matching ``target`` (or ``device``).
+
+    ``records`` supplies tuned configs; without it every task runs its template's default.
+    """
+    if device is None:
+        device = open_device(target=str(target) if target is not None else None)
+    graph = optimize(load_graph(model))
+    tasks = extract_tasks(graph, device.target)
+    choices = choose_configs([t.workload for t in tasks], records, device.target,
+                             device.limits)
+    program = lower(graph, {t.workload.key: c for t, c in zip(tasks, choices)}, device)
+    return Module(graph, tasks, choices, program, GraphExecutor(program, device), device)
+
+
+def lower(graph: Graph, choices: Mapping[str, Choice], device: Device) -> Program:
+    """One step per op: conv2d/dense with a template run its chosen config; reshapes
+    alias their input; everything else gets a plain kernel."""
+    ids: dict[Node, int] = {}
+    program = Program(values=[], inputs=[], outputs=[], constants={}, steps=[], aliases={})
+
+    def value_id(node: Node) -> int:
+        if node not in ids:
+            ids[node] = len(program.values)
+            program.values.append(node.ty)
+        return ids[node]
+
+    live = graph.live()
+    for node in graph.inputs:
+        program.inputs.append((node.name, value_id(node)))
+    for node in graph.nodes:
+        if id(node) not in live or node.op == INPUT:
+            continue
+        vid = value_id(node)
+        if node.op == CONST:
+            assert node.value is not None
+            program.constants[vid] = np.ascontiguousarray(node.value, dtype=np.float32)
+            continue
+        args = tuple(value_id(a) for a in node.inputs)
+        if node.op in ALIAS_OPS:
+            program.aliases[vid] = args[0]
+            continue
+        workload = node_workload(node, device.target)
+        if workload is not None:
+            choice = choices[workload.key]
+            kernel = get_template(workload.template).codegen(
+                workload, choice.config, device.dialect,
+                Epilogue(tuple(node.attr("epilogue", ()))))
+        else:
+            kernel = lower_plain(node, device.dialect)
+        program.steps.append(Step(node.name or node.op, kernel, (*args, vid)))
+    program.outputs = [value_id(n) for n in graph.outputs]
+    return program
