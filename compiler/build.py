@@ -114,6 +114,6 @@ def lower(graph: Graph, choices: Mapping[str, Choice], device: Device) -> Progra
                 Epilogue(tuple(node.attr("epilogue", ()))))
         else:
             kernel = lower_plain(node, device.dialect)
-        program.steps.append(Step(node.name or node.op, kernel, (*args, vid)))
+        program.steps.append(Step(f"{node.op} {node.name}".strip(), kernel, (*args, vid)))
     program.outputs = [value_id(n) for n in graph.outputs]
     return program

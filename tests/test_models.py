@@ -13,69 +13,30 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
-from onnx import helper, numpy_helper  # noqa: E402
 
 from compiler.build import Module, build  # noqa: E402
+from compiler.frontend.samples import (  # noqa: E402
+    LIGHT_MODELS,
+    light_path,
+    runner_input,
+    shipped_output,
+    with_random_weights,
+)
 from compiler.runtime import open_device  # noqa: E402
 
-LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-MODELS = ("resnet50", "vgg19", "densenet121")
+MODELS = LIGHT_MODELS
 RTOL, ATOL = 1e-3, 1e-5
 
 
 def model_path(name: str) -> str:
-    path = os.path.join(LIGHT, f"light_{name}.onnx")
-    if not os.path.isfile(path):
-        pytest.skip(f"{path} is not shipped with this onnx version")
-    return path
-
-
-def runner_input(model: onnx.ModelProto) -> np.ndarray:
-    """The input onnx's backend test runner feeds the light models."""
-    inits = {i.name for i in model.graph.initializer}
-    (inp,) = [i for i in model.graph.input if i.name not in inits]
-    shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
-    n = int(np.prod(shape))
-    return (np.arange(n).reshape(shape) / n).astype(np.float32)
-
-
-def with_random_weights(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
-    """Every ConstantOfShape weight replaced by a random initializer of its shape, scaled
-    as a trained network's would be, so activations stay in range through 100+ layers."""
-    rng = np.random.default_rng(seed)
-    graph = model.graph
-    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    readers: dict[str, tuple[str, int]] = {}
-    for node in graph.node:
-        for k, name in enumerate(node.input):
-            readers.setdefault(name, (node.op_type, k))
-    # DenseNet's Mul/Add constants pass through an Unsqueeze first
-    for node in graph.node:
-        if node.op_type == "Unsqueeze" and node.output[0] in readers:
-            readers[node.input[0]] = readers[node.output[0]]
-    nodes, new_inits = [], []
-    for node in graph.node:
-        if node.op_type != "ConstantOfShape":
-            nodes.append(node)
-            continue
-        shape = tuple(int(d) for d in inits[node.input[0]])
-        op, k = readers.get(node.output[0], ("", 0))
-        if op in ("Conv", "Gemm") and k == 1:
-            fan_in = int(np.prod(shape[1:])) if op == "Conv" else shape[-1]
-            value = rng.normal(0, np.sqrt(2.0 / fan_in), size=shape)
-        elif (op == "BatchNormalization" and k in (1, 4)) or (op == "Mul" and k == 1):
-            value = rng.uniform(0.5, 1.5, size=shape)  # scales and variances: positive
-        else:
-            value = rng.uniform(-0.1, 0.1, size=shape)  # biases, shifts, means
-        new_inits.append(numpy_helper.from_array(value.astype(np.float32), node.output[0]))
-    new_graph = helper.make_graph(nodes, graph.name, graph.input, graph.output,
-                                  list(graph.initializer) + new_inits)
-    out = helper.make_model(new_graph, opset_imports=model.opset_import)
-    out.ir_version = model.ir_version
-    return out
+    try:
+        return light_path(name)
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
 
 
 def onnxruntime_output(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    ort.set_default_logger_severity(3)  # the light models carry unused shape initializers
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, {session.get_inputs()[0].name: x})[0]
 
@@ -99,9 +60,7 @@ def test_model_matches_shipped_output_and_onnxruntime(name: str) -> None:
     x = runner_input(model)
     module = built(model)
     (got,) = module.run([x])
-    shipped = numpy_helper.to_array(onnx.load_tensor(
-        os.path.join(LIGHT, f"light_{name}_output_0.pb")))
-    np.testing.assert_allclose(got, shipped, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(got, shipped_output(name), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(got, onnxruntime_output(model, x), rtol=RTOL, atol=ATOL)
     # the passes did their work: batch-norm folded away, convs carry their epilogues
     ops = [n.op for n in module.graph.ops()]

@@ -1,0 +1,155 @@
+"""Whole models on the local OpenCL device: untuned vs tuned vs onnxruntime, one run.
+
+For each light model shipped with the onnx package (ResNet-50, VGG-19, DenseNet-121,
+random weights so no layer computes constants):
+
+1. tune: ``tuner tune MODEL --trials N`` into a benchmark database (skipped for tasks
+   that already have N records there, so reruns reuse it);
+2. build twice: template default configs only ("untuned"), and the best records of the
+   database ("tuned"); both outputs are checked against onnxruntime's;
+3. time onnxruntime, untuned and tuned in alternating rounds, report medians and ratios,
+   and the tuned model's slowest layers (device-event profile).
+
+    .venv/bin/python bench/models.py                        # 16 trials per task
+    .venv/bin/python bench/models.py --models resnet50 --trials 32
+    .venv/bin/python bench/models.py --no-tune              # time what the database holds
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cli.models import database_source
+from compiler.build import Module, build
+from compiler.frontend.samples import LIGHT_MODELS, light_path, with_random_weights
+from compiler.runtime import open_device
+
+BENCH_DB = Path(__file__).resolve().parent / "data" / "models.db"
+TUNER = Path(sys.executable).with_name("tuner")
+
+
+def tune(path: str, target: str, device: str, trials: int, database_url: str) -> float:
+    """Run ``tuner tune`` on the model's tasks; returns wall seconds."""
+    start = time.time()
+    cmd = [str(TUNER), "tune", path, "--target", target, "--device", device,
+           "--trials", str(trials), "--database-url", database_url,
+           "--number", "1", "--repeat", "3", "--min-repeat-ms", "20", "--timeout", "60"]
+    print("$", " ".join(f"'{c}'" if " " in c else c for c in cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    return time.time() - start
+
+
+def untuned_tasks(module: Module, database_url: str, trials: int) -> int:
+    """Tasks with fewer than ``trials`` records of this device in the database."""
+    source = database_source(database_url, [t.workload for t in module.tasks])
+    if source is None:
+        return len(module.tasks)
+    have: dict[str, int] = {}
+    for cand in source.candidates([t.workload for t in module.tasks], module.device.target):
+        if cand.record.target.model == module.device.target.model:
+            have[cand.record.workload.key] = have.get(cand.record.workload.key, 0) + 1
+    return sum(1 for t in module.tasks if have.get(t.workload.key, 0) < trials)
+
+
+def onnxruntime_timer(model: object, x: np.ndarray):  # type: ignore[no-untyped-def]
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)  # the light models carry unused shape initializers
+    session = ort.InferenceSession(model.SerializeToString(),  # type: ignore[attr-defined]
+                                   providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+
+    def run() -> np.ndarray:
+        return session.run(None, {name: x})[0]
+
+    def seconds(number: int) -> float:
+        run()
+        start = time.perf_counter()
+        for _ in range(number):
+            run()
+        return (time.perf_counter() - start) / number
+
+    return run, seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(LIGHT_MODELS))
+    parser.add_argument("--trials", type=int, default=16, help="tuning trials per task")
+    parser.add_argument("--no-tune", action="store_true")
+    parser.add_argument("--database-url", default=f"sqlite:///{BENCH_DB}")
+    parser.add_argument("--device", default="opencl:0")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds")
+    parser.add_argument("--number", type=int, default=2, help="runs per timing")
+    args = parser.parse_args()
+
+    import onnx
+
+    BENCH_DB.parent.mkdir(parents=True, exist_ok=True)
+    dev = open_device(args.device)
+    target = str(dev.target)
+    print(f"device: {dev.info.name} ({dev.info.platform}), target {target}")
+    print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; "
+          f"database {args.database_url}; {args.trials} trials per task\n")
+    rows = []
+    for name in args.models.split(","):
+        path = light_path(name)
+        model = with_random_weights(onnx.load(path), seed=LIGHT_MODELS.index(name))
+        x = np.random.default_rng(0).uniform(0, 1, size=(1, 3, 224, 224)).astype(np.float32)
+        untuned = build(model, records=None, device=dev)
+        missing = untuned_tasks(untuned, args.database_url, args.trials)
+        tune_s = 0.0
+        if missing and not args.no_tune:
+            print(f"{name}: {missing} of {len(untuned.tasks)} tasks need tuning")
+            tune_s = tune(path, target, args.device, args.trials, args.database_url)
+        source = database_source(args.database_url, [t.workload for t in untuned.tasks])
+        tuned = build(model, records=source, device=dev)
+        ort_run, ort_seconds = onnxruntime_timer(model, x)
+        want = ort_run()
+        for label, module in (("untuned", untuned), ("tuned", tuned)):
+            (got,) = module.run([x])
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5,
+                                       err_msg=f"{name} {label} differs from onnxruntime")
+        times: dict[str, list[float]] = {"onnxruntime": [], "untuned": [], "tuned": []}
+        for _ in range(args.rounds):
+            times["onnxruntime"].append(ort_seconds(args.number))
+            times["untuned"].append(untuned.benchmark(number=args.number, repeat=1).mean)
+            times["tuned"].append(tuned.benchmark(number=args.number, repeat=1).mean)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        flops = sum(t.total_flops for t in untuned.tasks)
+        served = {s: sum(c.source == s for c in tuned.choices)
+                  for s in ("this device", "other device", "default")}
+        rows.append((name, flops, med, tune_s, served, len(tuned.tasks)))
+        print(f"\n{name}: {flops / 1e9:.2f} GFLOP in conv/dense, {len(tuned.tasks)} tasks "
+              f"({served['this device']} tuned here, {served['default']} default)")
+        for k, v in med.items():
+            print(f"  {k:12s} {v * 1e3:10.1f} ms   {flops / v / 1e9:7.1f} GFLOP/s")
+        print("  slowest layers of the tuned build:")
+        shapes = {s.name: s.kernel.buffers for s in tuned.program.steps}
+        for step in sorted(tuned.profile(number=1), key=lambda s: -s.seconds)[:5]:
+            dims = " ".join("x".join(map(str, b.shape)) for b in shapes[step.name])
+            print(f"    {step.seconds * 1e3:9.2f} ms {step.share * 100:5.1f}%  {step.name}: {dims}")
+        print(flush=True)
+
+    print("| model | GFLOP | onnxruntime ms | untuned ms | tuned ms | tuned speed-up "
+          "over untuned | tuned / onnxruntime time | tuning wall time |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, flops, med, tune_s, _served, _n in rows:
+        print(f"| {name} | {flops / 1e9:.2f} | {med['onnxruntime'] * 1e3:.1f} | "
+              f"{med['untuned'] * 1e3:.1f} | {med['tuned'] * 1e3:.1f} | "
+              f"{med['untuned'] / med['tuned']:.2f}x | {med['tuned'] / med['onnxruntime']:.1f}x | "
+              f"{tune_s / 60:.0f} min |")
+
+
+if __name__ == "__main__":
+    main()
