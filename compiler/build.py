@@ -75,13 +75,16 @@ def build(model: Model, target: str | Target | None = None,
     tasks = extract_tasks(graph, device.target)
     choices = choose_configs([t.workload for t in tasks], records, device.target,
                              device.limits)
-    program = lower(graph, {t.workload.key: c for t, c in zip(tasks, choices)}, device)
+    program = lower(graph, {t.workload.key: c for t, c in zip(tasks, choices)}, device.dialect,
+                    device.target)
     return Module(graph, tasks, choices, program, GraphExecutor(program, device), device)
 
 
-def lower(graph: Graph, choices: Mapping[str, Choice], device: Device) -> Program:
+def lower(graph: Graph, choices: Mapping[str, Choice], dialect: str,
+          target: Target | None = None) -> Program:
     """One step per op: conv2d/dense with a template run its chosen config; reshapes
-    alias their input; everything else gets a plain kernel."""
+    alias their input; everything else gets a plain kernel. No device needed: the same
+    program lowers to CUDA C for a GPU machine as to OpenCL C here."""
     ids: dict[Node, int] = {}
     program = Program(values=[], inputs=[], outputs=[], constants={}, steps=[], aliases={})
 
@@ -106,14 +109,13 @@ def lower(graph: Graph, choices: Mapping[str, Choice], device: Device) -> Progra
         if node.op in ALIAS_OPS:
             program.aliases[vid] = args[0]
             continue
-        workload = node_workload(node, device.target)
+        workload = node_workload(node, target)
         if workload is not None:
             choice = choices[workload.key]
             kernel = get_template(workload.template).codegen(
-                workload, choice.config, device.dialect,
-                Epilogue(tuple(node.attr("epilogue", ()))))
+                workload, choice.config, dialect, Epilogue(tuple(node.attr("epilogue", ()))))
         else:
-            kernel = lower_plain(node, device.dialect)
+            kernel = lower_plain(node, dialect)
         program.steps.append(Step(f"{node.op} {node.name}".strip(), kernel, (*args, vid)))
     program.outputs = [value_id(n) for n in graph.outputs]
     return program

@@ -101,21 +101,30 @@ class RecordingDevice(Device):
         assert self.inner is not None
         return self.inner.upload(array)
 
-    def alloc(self, shape: tuple[int, ...]) -> Any:
+    def alloc_bytes(self, nbytes: int) -> Any:
         assert self.inner is not None
-        return self.inner.alloc(shape)
+        return self.inner.alloc_bytes(nbytes)
+
+    def write(self, buffer: Any, array: np.ndarray) -> None:
+        assert self.inner is not None
+        self.inner.write(buffer, array)
 
     def download(self, buffer: Any, shape: tuple[int, ...]) -> np.ndarray:
         assert self.inner is not None
         return self.inner.download(buffer, shape)
 
-    def run(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
+    def launch(self, program: Any, kernel: Kernel, buffers: list[Any],
+               timed: bool = False) -> Any:
         assert self.inner is not None
-        self.inner.run(program, kernel, buffers)
+        return self.inner.launch(program, kernel, buffers, timed)
 
-    def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int) -> float:
+    def synchronize(self) -> None:
         assert self.inner is not None
-        return self.inner.time(program, kernel, buffers, number)
+        self.inner.synchronize()
+
+    def elapsed(self, first: Any, last: Any = None) -> float:
+        assert self.inner is not None
+        return self.inner.elapsed(first, last)
 
 
 @pytest.fixture(scope="module")

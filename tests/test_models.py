@@ -6,7 +6,11 @@ weights, where a wrong fold, fusion or kernel cannot hide behind constant 0.02 w
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +27,7 @@ from compiler.frontend.samples import (  # noqa: E402
     with_random_weights,
 )
 from compiler.runtime import open_device  # noqa: E402
+from schemas import DeviceLimits, Target  # noqa: E402
 
 MODELS = LIGHT_MODELS
 RTOL, ATOL = 1e-3, 1e-5
@@ -114,3 +119,35 @@ def test_resnet50_with_tophub_records_uses_the_valid_ones_and_stays_correct() ->
             f"default {n_default}") in report
     (got,) = module.run([x])
     np.testing.assert_allclose(got, onnxruntime_output(model, x), rtol=RTOL, atol=ATOL)
+
+
+NVCC = shutil.which("nvcc") or shutil.which("/usr/local/bin/nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found: CUDA sources not compiled")
+@pytest.mark.parametrize("name", MODELS)
+def test_whole_model_lowers_to_cuda_that_nvcc_compiles(name: str, tmp_path: Path) -> None:
+    """The program a GPU machine would run: every kernel of the model, as CUDA C."""
+    from compiler.build import load_graph, lower
+    from compiler.passes import optimize
+    from compiler.records import choose_configs
+    from compiler.tasks import extract_tasks
+
+    target = Target.parse("cuda -model=h200 -arch=sm_90")
+    graph = optimize(load_graph(model_path(name)))
+    tasks = extract_tasks(graph, target)
+    choices = choose_configs([t.workload for t in tasks], None, target, DeviceLimits())
+    program = lower(graph, {t.workload.key: c for t, c in zip(tasks, choices)}, "cuda", target)
+    sources: dict[str, str] = {}
+    for step in program.steps:
+        entry = f"{step.kernel.entry}_{len(sources)}"
+        sources.setdefault(step.kernel.source,
+                           re.sub(rf"\b{step.kernel.entry}\b", entry, step.kernel.source))
+    path = tmp_path / f"{name}.cu"
+    path.write_text("\n".join(sources.values()))
+    proc = subprocess.run([NVCC, "-ptx", "-arch=sm_80", str(path), "-o",
+                           str(path.with_suffix(".ptx"))],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[:4000]
+    entries = set(re.findall(r"\.entry\s+(\w+)", path.with_suffix(".ptx").read_text()))
+    assert len(entries) == len(sources)

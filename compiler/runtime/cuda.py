@@ -93,9 +93,6 @@ class CUDADevice(Device):
     def upload(self, array: np.ndarray) -> Any:
         return self._drv.to_device(np.ascontiguousarray(array))
 
-    def alloc(self, shape: tuple[int, ...]) -> Any:
-        return self.alloc_bytes(4 * int(np.prod(shape)))
-
     def alloc_bytes(self, nbytes: int) -> Any:
         return self._drv.mem_alloc(max(nbytes, 4))
 
@@ -130,21 +127,8 @@ class CUDADevice(Device):
 
     def elapsed(self, first: Any, last: Any = None) -> float:
         start, end = first[0], (first if last is None else last)[1]
-        end.synchronize()
-        return start.time_till(end) * 1e-3
-
-    def run(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
-        self.launch(program, kernel, buffers)
-        self.synchronize()
-
-    def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int) -> float:
-        start, end = self._drv.Event(), self._drv.Event()
         try:
-            start.record()
-            for _ in range(number):
-                program(*buffers, block=kernel.block, grid=kernel.grid)
-            end.record()
             end.synchronize()
         except self._drv.Error as err:
             raise DeviceRuntimeError(str(err)) from None
-        return start.time_till(end) * 1e-3 / number
+        return start.time_till(end) * 1e-3

@@ -61,43 +61,45 @@ class Device(ABC):
     @abstractmethod
     def upload(self, array: np.ndarray) -> Any: ...
 
+    def alloc(self, shape: tuple[int, ...]) -> Any:
+        """A float32 buffer of ``shape``."""
+        return self.alloc_bytes(4 * int(np.prod(shape)))
+
     @abstractmethod
-    def alloc(self, shape: tuple[int, ...]) -> Any: ...
+    def alloc_bytes(self, nbytes: int) -> Any:
+        """An uninitialised buffer of ``nbytes`` (at least one word): pooled storage."""
+
+    @abstractmethod
+    def write(self, buffer: Any, array: np.ndarray) -> None:
+        """Copy ``array`` into the start of an existing buffer; returns once it is copied."""
 
     @abstractmethod
     def download(self, buffer: Any, shape: tuple[int, ...]) -> np.ndarray: ...
 
-    # What the graph executor needs on top of measuring one kernel. Not abstract, so a
-    # device that only builds and times trials (a test double) need not provide them.
-
-    def alloc_bytes(self, nbytes: int) -> Any:
-        """An uninitialised buffer of ``nbytes`` (at least one word): pooled storage."""
-        raise NotImplementedError(f"{type(self).__name__} cannot run graphs")
-
-    def write(self, buffer: Any, array: np.ndarray) -> None:
-        """Copy ``array`` into the start of an existing buffer; returns once it is copied."""
-        raise NotImplementedError(f"{type(self).__name__} cannot run graphs")
-
+    @abstractmethod
     def launch(self, program: Any, kernel: Kernel, buffers: list[Any],
                timed: bool = False) -> Any:
         """Enqueue one launch without waiting (launches run in order); with ``timed`` the
         result is a handle for ``elapsed``. Raises DeviceRuntimeError."""
-        raise NotImplementedError(f"{type(self).__name__} cannot run graphs")
 
+    @abstractmethod
     def synchronize(self) -> None:
         """Wait until every enqueued launch and copy has finished; DeviceRuntimeError if
         one failed."""
-        raise NotImplementedError(f"{type(self).__name__} cannot run graphs")
 
+    @abstractmethod
     def elapsed(self, first: Any, last: Any = None) -> float:
         """Device seconds from the start of timed launch ``first`` to the end of ``last``
-        (default: ``first`` alone); waits for ``last`` to finish."""
-        raise NotImplementedError(f"{type(self).__name__} cannot run graphs")
+        (default: ``first`` alone); waits for ``last``; DeviceRuntimeError if it failed."""
 
-    @abstractmethod
     def run(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
         """Launch once and wait; raises DeviceRuntimeError."""
+        self.launch(program, kernel, buffers)
+        self.synchronize()
 
-    @abstractmethod
     def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int) -> float:
-        """Seconds per launch over ``number`` back-to-back launches, by device events."""
+        """Seconds per launch over ``number`` back-to-back launches, by device events
+        on the first and the last."""
+        handles = [self.launch(program, kernel, buffers, timed=i in (0, number - 1))
+                   for i in range(number)]
+        return self.elapsed(handles[0], handles[-1]) / number

@@ -156,9 +156,6 @@ class OpenCLDevice(Device):
         flags = cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR
         return cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(array))
 
-    def alloc(self, shape: tuple[int, ...]) -> Any:
-        return self.alloc_bytes(4 * int(np.prod(shape)))
-
     def alloc_bytes(self, nbytes: int) -> Any:
         cl = _cl()
         return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size=max(nbytes, 4))
@@ -190,23 +187,10 @@ class OpenCLDevice(Device):
             raise DeviceRuntimeError(str(err)) from None
 
     def elapsed(self, first: Any, last: Any = None) -> float:
+        cl = _cl()
         last = first if last is None else last
-        last.wait()
+        try:
+            last.wait()
+        except cl.Error as err:
+            raise DeviceRuntimeError(str(err)) from None
         return (last.profile.end - first.profile.start) * 1e-9
-
-    def run(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
-        cl = _cl()
-        event = self.launch(program, kernel, buffers)
-        try:
-            event.wait()
-        except cl.Error as err:
-            raise DeviceRuntimeError(str(err)) from None
-
-    def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int) -> float:
-        cl = _cl()
-        events = [self.launch(program, kernel, buffers) for _ in range(number)]
-        try:
-            events[-1].wait()
-        except cl.Error as err:
-            raise DeviceRuntimeError(str(err)) from None
-        return (events[-1].profile.end - events[0].profile.start) * 1e-9 / number
