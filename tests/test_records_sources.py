@@ -1,16 +1,19 @@
 """Where a build's configs come from: TopHub logs through the fallback chain (this device,
 other device by target key, default), validity against device limits, a real loopback
-server with its pretuned-log cache (download, 304, offline, nothing at all), the
-``--records`` helper and the build report."""
+server with its pretuned-log and best-answer caches (download, 304, offline builds that
+choose what online ones did, nothing at all), the ``--records`` helper and the build
+report."""
 
 from __future__ import annotations
 
 import os
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import CONV, RESNET50_CONV, TOPHUB_DIR, VGG16_CONV
 from server_fixtures import free_port, live_server
@@ -26,6 +29,8 @@ from compiler.records import (
     RecordsUnavailableError,
     RecordsWarning,
     ServerSource,
+    Choice,
+    LogCache,
     build_report,
     choose_configs,
     open_source,
@@ -33,7 +38,15 @@ from compiler.records import (
 )
 from compiler.records.choose import NOT_IN_SPACE, OVER_LIMITS
 from compiler.templates import get_template
-from schemas import DeviceLimits, MeasureErrorNo, MeasureResult, Record, Target, Workload
+from schemas import (
+    Config,
+    DeviceLimits,
+    MeasureErrorNo,
+    MeasureResult,
+    Record,
+    Target,
+    Workload,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,6 +59,7 @@ IN_OPENCL_LOG = RESNET50_CONV["resnet50.res3.3x3"]  # opencl -model=1080ti only
 ONLY_IN_CUDA_LOG = RESNET50_CONV["resnet50.res3a.3x3s2"]  # cuda -model=tx2 only
 IN_BOTH = RESNET50_CONV["resnet50.res2.1x1"]  # cuda 1080ti is cheaper than opencl 1080ti
 IN_NO_LOG = VGG16_CONV["vgg16.conv5.3x3"]
+NEVER_ASKED = RESNET50_CONV["resnet50.res5.3x3"]  # opencl -model=1080ti; asked offline only
 
 # res3.3x3 (128 -> 128 channels, 28x28): 256 work-items a block, fits PoCL ...
 FITS = {"tile_f": (8, 1, 16, 1), "tile_y": (7, 1, 4, 1), "tile_x": (7, 1, 4, 1),
@@ -75,6 +89,23 @@ def made_up(workload: Workload, target: Target, knobs: dict[str, Any], cost: flo
 def log_state(source: ServerSource) -> str | None:
     """How the source's last build got its pretuned log."""
     return source.last_fetch.state if source.last_fetch else None
+
+
+def picks(choices: Sequence[Choice]) -> list[tuple[str, str | None, Config, str | None]]:
+    """What a build takes from each choice, whatever file or URL the record came from."""
+    return [(c.source, c.key, c.config, None if c.origin_target is None else str(c.origin_target))
+            for c in choices]
+
+
+def best_fails(request: Callable[..., httpx.Response]) -> Callable[..., httpx.Response]:
+    """``httpx.Client.request``, but POST /records/best answers 503: a half-up server."""
+
+    def patched(self: httpx.Client, method: str, url: Any, **kwargs: Any) -> httpx.Response:
+        if method == "POST" and str(url).endswith("/records/best"):
+            return httpx.Response(503, request=self.build_request(method, url))
+        return request(self, method, url, **kwargs)
+
+    return patched
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +219,8 @@ def test_bad_log_lines_are_skipped_with_a_warning(tmp_path: Path) -> None:
 # The server, its pretuned log and the local cache
 
 
-def test_server_source_cache_revalidation_and_offline(tmp_path: Path) -> None:
+def test_server_source_cache_revalidation_and_offline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache_dir = tmp_path / "cache"
     mine = made_up(IN_OPENCL_LOG, POCL, FITS, cost=1e-3)
     wanted = [IN_OPENCL_LOG, ONLY_IN_CUDA_LOG, IN_BOTH, IN_NO_LOG]
@@ -232,22 +264,62 @@ def test_server_source_cache_revalidation_and_offline(tmp_path: Path) -> None:
         assert third[0].record == faster
         assert fetch.path.with_suffix(".etag").read_text() != etag
 
+        # Another device's better record, asked about alone: its fresh answer replaces the
+        # cached one, the other workloads keep theirs.
+        gtx = Record(target=Target.parse("opencl -model=1080ti"), workload=ONLY_IN_CUDA_LOG,
+                     config=first[1].config,
+                     result=MeasureResult(costs=(1e-3,), error_no=MeasureErrorNo.NO_ERROR,
+                                          timestamp=2.0))
+        with server.client() as admin:
+            admin.post("/api/v1/records/import", content=gtx.to_line(),
+                       headers={"content-type": "text/plain"}).raise_for_status()
+        (fourth,) = choose_configs([ONLY_IN_CUDA_LOG], source, POCL, LIMITS)
+        assert fourth.key == "opencl" and fourth.record == gtx
+        online = [third[0], fourth, *third[2:]]
+        assert [c.source for c in online] == [THIS_DEVICE, OTHER_DEVICE, OTHER_DEVICE, DEFAULT]
+
+        # The log answers but /records/best fails: the cached answers stand in.
+        with monkeypatch.context() as patch:
+            patch.setattr(httpx.Client, "request", best_fails(httpx.Client.request))
+            with pytest.warns(RecordsWarning, match=r"records/best: HTTP 503; 4 workload\(s\) "
+                              r"from cached server answers, oldest \d+ s old"):
+                half_up = choose_configs(wanted, source, POCL, LIMITS)
+        assert log_state(source) == "not modified" and picks(half_up) == picks(online)
+
+        # Online, the workload asked only later gets another device's record.
+        elsewhere = ServerSource(server.url, token=server.tokens["client"],
+                                 cache_dir=tmp_path / "elsewhere")
+        (never_asked_online,) = choose_configs([NEVER_ASKED], elsewhere, POCL, LIMITS)
+        assert never_asked_online.source == OTHER_DEVICE
+
         # A bad token is the user's error, not an outage: no silent fallback.
         with pytest.raises(RecordsServerError, match="401"):
             choose_configs(wanted, ServerSource(server.url, token="wrong", cache_dir=cache_dir),
                            POCL, LIMITS)
         server.stop()
 
-    # Server gone: the cached log is used as is, with a warning that says how old it is.
+    # Server gone: the cached log and answers are used as is, with a warning that says
+    # how old they are; every workload asked online is chosen as online, other devices'
+    # records included.
     two_hours_ago = time.time() - 2 * 3600 - 60
     os.utime(fetch.path, (two_hours_ago, two_hours_ago))
-    with pytest.warns(RecordsWarning, match=r"cannot be reached .* last confirmed 2 h 1 min ago"):
-        offline = choose_configs(wanted, source, POCL, LIMITS)
+    with pytest.warns(RecordsWarning, match=r"cannot be reached .* last confirmed 2 h 1 min ago"
+                      r".*; 4 workload\(s\) from cached server answers") as caught:
+        offline = choose_configs([*wanted, NEVER_ASKED], source, POCL, LIMITS)
     assert log_state(source) == "offline"
-    assert offline[0].source == THIS_DEVICE and offline[0].record == faster
-    assert offline[0].origin is not None and "cached, 2 h 1 min old" in offline[0].origin
-    # The pretuned log is this model's only; other devices' records needed the server.
-    assert [c.source for c in offline[1:]] == [DEFAULT, DEFAULT, DEFAULT]
+    assert picks(offline[:4]) == picks(online)
+    assert offline[0].record == faster
+    answers = source.cache.answers_path_for(server.url, POCL)
+    assert answers.parent == cache_dir
+    assert offline[1].origin is not None and offline[1].origin.startswith(f"{answers} (cached, ")
+    # A workload never asked online has no cached answer: the default, and the warning
+    # names it.
+    assert offline[4].source == DEFAULT
+    assert source.last_fetch is not None and source.last_fetch.cached_answers == 4
+    assert source.last_fetch.never_cached == (NEVER_ASKED,)
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, RecordsWarning)]
+    assert message.endswith(f"; 1 never cached, so no other device's record for: "
+                            f"{NEVER_ASKED.key}")
 
     # No server and no cache: a clear error, not an empty build.
     nowhere = ServerSource(f"http://127.0.0.1:{free_port()}", cache_dir=tmp_path / "empty",
@@ -255,6 +327,22 @@ def test_server_source_cache_revalidation_and_offline(tmp_path: Path) -> None:
     with pytest.raises(RecordsUnavailableError,
                        match=r"cannot be reached .* no cached pretuned log"):
         choose_configs(wanted, nowhere, POCL, LIMITS)
+
+
+def test_unreadable_cached_answers_count_as_none(tmp_path: Path) -> None:
+    """It is only a cache: a mangled file warns, and the next online build rewrites it."""
+    cache = LogCache(tmp_path)
+    path = cache.answers_path_for("http://x", POCL)
+    path.write_text("{not json")
+    with pytest.warns(RecordsWarning, match=r"unreadable cached server answers .*; ignored"):
+        assert cache.load_answers("http://x", POCL) == {}
+    mine = made_up(IN_OPENCL_LOG, POCL, FITS, cost=1e-3)
+    with pytest.warns(RecordsWarning, match="unreadable"):
+        cache.save_answers("http://x", POCL, {IN_OPENCL_LOG.key: mine, IN_NO_LOG.key: None})
+    loaded = cache.load_answers("http://x", POCL)
+    assert {k: a.record for k, a in loaded.items()} == {IN_OPENCL_LOG.key: mine,
+                                                         IN_NO_LOG.key: None}
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left behind
 
 
 def test_default_cache_dir_follows_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

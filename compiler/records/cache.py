@@ -1,17 +1,23 @@
 """The local copy of a server's pretuned log: one file per (server, target) and its ETag,
-so a build revalidates cheaply and still works when the server is down."""
+so a build revalidates cheaply, plus the server's best-record answers beside it, so a
+build with the server down still chooses what it chose online."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import tempfile
 import time
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from schemas import Target
+from compiler.records.source import RecordsWarning
+from schemas import Record, Target
 
 
 def default_cache_dir() -> Path:
@@ -47,12 +53,23 @@ class CachedLog:
         return (time.time() if now is None else now) - self.confirmed_at
 
 
+@dataclass(frozen=True)
+class CachedAnswer:
+    """The server's best record for one workload (None: it had none) and when it said so."""
+
+    record: Record | None
+    answered_at: float
+
+    def age(self, now: float | None = None) -> float:
+        return (time.time() if now is None else now) - self.answered_at
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=_-]+", "_", text).strip("_")[:80]
 
 
 class LogCache:
-    """Pretuned logs on disk, keyed by server URL and target string."""
+    """Pretuned logs and best-record answers on disk, keyed by server URL and target."""
 
     def __init__(self, directory: Path | None = None) -> None:
         self.directory = directory if directory is not None else default_cache_dir()
@@ -89,6 +106,41 @@ class LogCache:
         now = time.time()
         os.utime(cached.path, (now, now))
         return CachedLog(cached.path, cached.text, cached.etag, now)
+
+    def answers_path_for(self, server: str, target: Target) -> Path:
+        return self.path_for(server, target).with_suffix(".best.json")
+
+    def load_answers(self, server: str, target: Target) -> dict[str, CachedAnswer]:
+        """Cached answers by workload key; an unreadable file counts as none (with a
+        warning): it is only a cache, and the next online build rewrites it."""
+        path = self.answers_path_for(server, target)
+        try:
+            data = json.loads(path.read_text())
+            return {key: CachedAnswer(None if item["record"] is None
+                                      else Record.from_json(item["record"]),
+                                      float(item["answered_at"]))
+                    for key, item in data["answers"].items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            warnings.warn(f"{path}: unreadable cached server answers ({type(err).__name__}: "
+                          f"{err}); ignored", RecordsWarning, stacklevel=2)
+            return {}
+
+    def save_answers(self, server: str, target: Target,
+                     fresh: Mapping[str, Record | None]) -> None:
+        """Merge ``fresh`` into the cached answers and write them atomically: workloads
+        another build asked about keep their answer, fresh answers replace old ones."""
+        now = time.time()
+        answers = {**self.load_answers(server, target),
+                   **{key: CachedAnswer(record, now) for key, record in fresh.items()}}
+        body: dict[str, Any] = {"server": server, "target": str(target), "answers": {
+            key: {"record": None if a.record is None else a.record.to_json(),
+                  "answered_at": a.answered_at}
+            for key, a in answers.items()}}
+        path = self.answers_path_for(server, target)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, json.dumps(body, indent=1) + "\n")
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -1,11 +1,12 @@
 """Records from a tuner server: the best record per workload for this exact target,
-plus the target's pretuned log, cached locally and revalidated on every build."""
+plus the target's pretuned log, both cached locally (the log revalidated on every
+build) so that a build with the server down chooses what it chose online."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -25,6 +26,8 @@ from schemas import Record, Target, Workload
 
 # POST /api/v1/records/best takes at most this many workloads a request.
 _BEST_BATCH = 10000
+# Workloads never cached named in the offline warning; the rest are only counted.
+_SHOWN_MISSING = 5
 
 LogState = Literal["downloaded", "not modified", "offline"]
 
@@ -39,13 +42,17 @@ class _Unreachable(Exception):
 
 @dataclass(frozen=True)
 class LogFetch:
-    """How the last build got its pretuned log: fresh, revalidated (304) or from cache."""
+    """How the last build got its pretuned log: fresh, revalidated (304) or from cache;
+    and, when the server's best-record answers were missing, how many workloads had a
+    cached answer instead and which had none (those get no other device's record)."""
 
     target: Target
     state: LogState
     path: Path
     age_s: float
     records: int
+    cached_answers: int = 0
+    never_cached: tuple[Workload, ...] = ()
 
 
 class ServerSource(RecordSource):
@@ -63,22 +70,35 @@ class ServerSource(RecordSource):
         return f"ServerSource({self.url!r})"
 
     def candidates(self, workloads: Sequence[Workload], target: Target) -> list[Candidate]:
+        unique = list({w.key: w for w in workloads}.values())
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         with httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout) as client:
-            log, origin, state = self._pretuned_log(client, target)
-            best = self._best(client, workloads, target) if state != "offline" else []
-        wanted = {w.key for w in workloads}
+            try:
+                log, origin = self._pretuned_log(client, target)
+            except _Unreachable as err:
+                log, origin, outage = self._offline_log(target, str(err))
+                fresh: dict[str, Record | None] = {}
+                failure: str | None = outage
+            else:
+                fresh, failure = self._best(client, unique, target)
+        if fresh:
+            self.cache.save_answers(self.url, target, fresh)
+        online = f"{self.url}/api/v1/records/best"
+        best = [Candidate(r, online) for r in fresh.values() if r is not None]
+        if failure is not None:
+            best += self._cached_best([w for w in unique if w.key not in fresh], target,
+                                      failure)
+        wanted = {w.key for w in unique}
         pretuned = [Candidate(r, origin) for r in parse_log(log.text.splitlines(), origin)
                     if r.workload.key in wanted]
         return best + pretuned
 
-    def _best(self, client: httpx.Client, workloads: Sequence[Workload],
-              target: Target) -> list[Candidate]:
-        """Server-side ApplyHistoryBest: it may offer another device's record the
-        pretuned log (this model only) lacks."""
-        unique = list({w.key: w for w in workloads}.values())
-        origin = f"{self.url}/api/v1/records/best"
-        out: list[Candidate] = []
+    def _best(self, client: httpx.Client, unique: Sequence[Workload],
+              target: Target) -> tuple[dict[str, Record | None], str | None]:
+        """Server-side ApplyHistoryBest, by workload key (None: no record): it may offer
+        another device's record the pretuned log (this model only) lacks. On an outage,
+        the answers had so far and why the rest are missing."""
+        fresh: dict[str, Record | None] = {}
         for start in range(0, len(unique), _BEST_BATCH):
             body = {"target": str(target),
                     "workloads": [w.model_dump(mode="json")
@@ -86,38 +106,44 @@ class ServerSource(RecordSource):
             try:
                 response = self._send(client, "POST", "/api/v1/records/best", json=body)
             except _Unreachable as err:
-                warnings.warn(f"{origin}: {err}; using the pretuned log only", RecordsWarning,
-                              stacklevel=3)
-                return out
+                return fresh, f"{self.url}/api/v1/records/best: {err}"
             for item in response.json()["items"]:
-                if item["record"] is not None:
-                    out.append(Candidate(Record.from_json(item["record"]), origin))
-        return out
+                key = Workload.model_validate(item["workload"]).key
+                fresh[key] = None if item["record"] is None else Record.from_json(item["record"])
+        return fresh, None
 
-    def _pretuned_log(self, client: httpx.Client,
-                      target: Target) -> tuple[CachedLog, str, LogState]:
-        """The log, the origin to report and how it was had: revalidated with
-        If-None-Match, or the cached copy as is when the server cannot be reached."""
+    def _cached_best(self, asked: Sequence[Workload], target: Target,
+                     failure: str) -> list[Candidate]:
+        """The cached answers for workloads the server did not answer now, with one
+        warning that says how many were cached, how old, and which never were."""
+        cached = self.cache.load_answers(self.url, target)
+        hits = [cached[w.key] for w in asked if w.key in cached]
+        missing = tuple(w for w in asked if w.key not in cached)
+        path = self.cache.answers_path_for(self.url, target)
+        note = f"{len(hits)} workload(s) from cached server answers"
+        if hits:
+            oldest = format_age(max(a.age() for a in hits))
+            note += f", oldest {oldest} old ({path})"
+        if missing:
+            shown = "; ".join(w.key for w in missing[:_SHOWN_MISSING])
+            more = (f" (and {len(missing) - _SHOWN_MISSING} more)"
+                    if len(missing) > _SHOWN_MISSING else "")
+            note += (f"; {len(missing)} never cached, so no other device's record for: "
+                     f"{shown}{more}")
+        warnings.warn(f"{failure}; {note}", RecordsWarning, stacklevel=3)
+        if self.last_fetch is not None:
+            self.last_fetch = replace(self.last_fetch, cached_answers=len(hits),
+                                      never_cached=missing)
+        return [Candidate(a.record, f"{path} (cached, {format_age(a.age())} old)")
+                for a in hits if a.record is not None]
+
+    def _pretuned_log(self, client: httpx.Client, target: Target) -> tuple[CachedLog, str]:
+        """The log and the origin to report, revalidated with If-None-Match; raises
+        _Unreachable when the server cannot be reached."""
         cached = self.cache.load(self.url, target)
         path = f"/api/v1/logs/{quote(str(target), safe='=,')}"
         headers = {"If-None-Match": cached.etag} if cached and cached.etag else {}
-        try:
-            response = self._send(client, "GET", path, headers=headers)
-        except _Unreachable as err:
-            if cached is None:
-                raise RecordsUnavailableError(
-                    f"no records for {target}: tuner server {self.url} cannot be reached "
-                    f"({err}) and there is no cached pretuned log "
-                    f"({self.cache.path_for(self.url, target)}). Start or reach the server "
-                    "once, or pass a log file with --records."
-                ) from None
-            age = format_age(cached.age())
-            warnings.warn(
-                f"tuner server {self.url} cannot be reached ({err}); using the cached "
-                f"pretuned log for {target} as is, last confirmed {age} ago ({cached.path})",
-                RecordsWarning, stacklevel=3)
-            self._note(target, "offline", cached)
-            return cached, f"{cached.path} (cached, {age} old)", "offline"
+        response = self._send(client, "GET", path, headers=headers)
         state: LogState
         if response.status_code == 304 and cached is not None:
             cached, state = self.cache.confirm(cached), "not modified"
@@ -125,7 +151,23 @@ class ServerSource(RecordSource):
             cached, state = self.cache.save(self.url, target, response.text,
                                             response.headers.get("ETag")), "downloaded"
         self._note(target, state, cached)
-        return cached, f"{self.url}/api/v1/logs/{target}", state
+        return cached, f"{self.url}/api/v1/logs/{target}"
+
+    def _offline_log(self, target: Target, err: str) -> tuple[CachedLog, str, str]:
+        """The cached log as is, its origin, and the outage to warn about."""
+        cached = self.cache.load(self.url, target)
+        if cached is None:
+            raise RecordsUnavailableError(
+                f"no records for {target}: tuner server {self.url} cannot be reached "
+                f"({err}) and there is no cached pretuned log "
+                f"({self.cache.path_for(self.url, target)}). Start or reach the server "
+                "once, or pass a log file with --records."
+            ) from None
+        age = format_age(cached.age())
+        self._note(target, "offline", cached)
+        outage = (f"tuner server {self.url} cannot be reached ({err}); using the cached "
+                  f"pretuned log for {target} as is, last confirmed {age} ago ({cached.path})")
+        return cached, f"{cached.path} (cached, {age} old)", outage
 
     def _note(self, target: Target, state: LogState, cached: CachedLog) -> None:
         records = sum(1 for line in cached.text.splitlines()
