@@ -93,6 +93,11 @@ CASES: dict[str, Callable[[Maker], Node]] = {
     "batch_norm": lambda m: m.call("nn.batch_norm", m.input(2, 4, 5, 5), m.const(4),
                                    m.const(4), m.const(4), m.const(4, lo=0.1, hi=2.0),
                                    epsilon=1e-3),
+    "chain.scale_shift_relu": lambda m: m.call(
+        "fused.elementwise", m.input(2, 5, 4, 4), m.const(5, 1, 1), m.const(5), m.const(1),
+        chain=(("multiply", 1, ()), ("nn.bias_add", 2, (("axis", 1),)),
+               ("subtract", 3, ()), ("nn.relu", -1, ()), ("nn.leaky_relu", -1,
+                                                          (("alpha", 0.3),)))),
     # pooling
     "max_pool.3x3s2p1": lambda m: m.call("nn.max_pool2d", m.input(1, 4, 11, 11), **POOL),
     "max_pool.ceil": lambda m: m.call("nn.max_pool2d", m.input(1, 2, 8, 8), pool_size=(3, 3),

@@ -11,6 +11,7 @@ from compiler.passes import (
     eliminate_dead_code,
     fold_batch_norm,
     fold_constant,
+    fuse_elementwise,
     fuse_ops,
     optimize,
 )
@@ -221,3 +222,31 @@ def test_optimize_pipeline_on_a_small_residual_network(with_bias: bool) -> None:
     same_outputs(graph, best, rand(1, 3, 10, 10))
     text = print_graph(best)
     assert "fused.conv2d(%data" in text and "# ty=Tensor[(1, 8, 10, 10), float32]" in text
+
+
+def test_elementwise_chain_fuses_into_one_kernel_op() -> None:
+    # DenseNet after batch-norm folding: scale, shift, relu on the block input
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 5, 5))
+    scaled = b.call("multiply", [b.const(rand(6, 1, 1)), x])
+    shifted = b.call("nn.bias_add", [scaled, b.const(rand(6))])
+    act = b.call("nn.relu", [b.call("subtract", [shifted, b.const(rand(1))])])
+    graph = b.finish([conv(b, act, 6, 4)])
+    fused = eliminate_dead_code(fuse_elementwise(graph))
+    assert ops(fused) == ["fused.elementwise", "nn.conv2d"]
+    chain = fused.ops()[0].attr("chain")
+    assert [op for op, _, _ in chain] == ["multiply", "nn.bias_add", "subtract", "nn.relu"]
+    same_outputs(graph, fused, rand(1, 6, 5, 5))
+
+
+def test_elementwise_chain_stops_at_broadcasts_order_and_shared_values() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (2, 3))
+    y = b.input("y", (4, 2, 3))
+    relu = b.call("nn.relu", [x])
+    grown = b.call("add", [relu, y])  # broadcasting grows the value: not in the chain
+    flipped = b.call("subtract", [b.const(rand(2, 3)), relu])  # running value on the right
+    graph = b.finish([grown, b.call("sigmoid", [flipped])])
+    fused = eliminate_dead_code(fuse_elementwise(graph))
+    assert ops(fused) == ["nn.relu", "add", "subtract", "sigmoid"]
+    same_outputs(graph, fused, rand(2, 3), rand(4, 2, 3))

@@ -176,6 +176,42 @@ def _batch_norm(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
 _op("nn.batch_norm", _batch_norm_infer, _batch_norm, (5, 5), axis=1, epsilon=1e-5)
 
 
+# A chain of element-wise ops run as one kernel. ``chain`` lists (op, operand, attrs):
+# each op applies to the running value (input 0 to start with) and, for binary ops, to
+# input ``operand`` (-1 for unary ops); the running value is always the op's first
+# operand, so subtract and divide keep their order.
+
+
+def _chain_steps(attrs: dict[str, Any]) -> list[tuple[OpDef, int, dict[str, Any]]]:
+    steps = []
+    for op, operand, items in attrs["chain"]:
+        opdef = get_op(op)
+        if not opdef.elementwise:
+            raise IRError(f"{op} is not element-wise")
+        steps.append((opdef, operand, opdef.normalize(dict(items))))
+    return steps
+
+
+def _chain_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    running = types[0]
+    for opdef, operand, op_attrs in _chain_steps(attrs):
+        args = [running] if operand < 0 else [running, types[operand]]
+        out = opdef.infer(args, op_attrs)
+        if out != running:
+            raise IRError(f"{opdef.name} would change the running value's type to {out}")
+    return running
+
+
+def _chain(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    value = xs[0]
+    for opdef, operand, op_attrs in _chain_steps(attrs):
+        value = opdef.compute([value] if operand < 0 else [value, xs[operand]], op_attrs)
+    return value
+
+
+_op("fused.elementwise", _chain_infer, _chain, (1, 1 << 16), chain=())
+
+
 # ---------------------------------------------------------------- conv2d / dense
 
 

@@ -76,7 +76,32 @@ def batch_norm(node: Node) -> Kernel:
                     "out[i] = a0 * scale + (a2 - a3 * scale);"])
 
 
+def _step_expr(op: str, attrs: dict[str, Any]) -> str:
+    """One chain step over the running value ``a0`` and its operand ``a1``."""
+    if op == "nn.bias_add":
+        return "a0 + a1"
+    return _BINARY[op] if op in _BINARY else _unary_expr(op, attrs)
+
+
+def chain(node: Node) -> Kernel:
+    """``fused.elementwise``: every step of the chain on one loaded value, one store."""
+    ndim = node.ty.ndim
+    shapes = [_aligned(a.ty.shape, ndim) for a in node.inputs]
+    for op, operand, items in node.attrs["chain"]:
+        if op == "nn.bias_add":
+            shapes[operand] = _on_axis(node.inputs[operand].ty.size, ndim, dict(items)["axis"])
+    names = [f"in{k}" for k in range(len(node.inputs))]
+    body = ["float v = a0;"]
+    for op, operand, items in node.attrs["chain"]:
+        expr = _step_expr(op, dict(items)).replace("a0", "v")
+        if operand >= 0:
+            expr = expr.replace("a1", f"a{operand}")
+        body.append(f"v = {expr};")
+    return _kernel(node, names, shapes, [*body, "out[i] = v;"])
+
+
 KERNELS: dict[str, Callable[[Node], Kernel]] = {
+    "fused.elementwise": chain,
     **{op: binary for op in _BINARY},
     **{op: unary for op in ("nn.relu", "nn.leaky_relu", "sigmoid", "copy")},
     "nn.bias_add": bias_add,

@@ -8,16 +8,19 @@ from compiler.ir import Graph
 from compiler.passes.dead_code import eliminate_dead_code
 from compiler.passes.fold_batch_norm import fold_batch_norm
 from compiler.passes.fold_constant import fold_constant
+from compiler.passes.fuse_elementwise import fuse_elementwise
 from compiler.passes.fuse_ops import fuse_ops
 
 Pass = Callable[[Graph], Graph]
 
 # Constants first (ONNX weights are often computed), so batch-norm folding sees constant
-# parameters; fusion last, over the simplified graph; DCE drops what the rewrites left.
+# parameters; fusion last, over the simplified graph (conv/dense epilogues before
+# element-wise chains); DCE drops what the rewrites left.
 PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("fold_constant", fold_constant),
     ("fold_batch_norm", fold_batch_norm),
     ("fuse_ops", fuse_ops),
+    ("fuse_elementwise", fuse_elementwise),
     ("eliminate_dead_code", eliminate_dead_code),
 )
 
@@ -28,5 +31,5 @@ def optimize(graph: Graph) -> Graph:
     return graph
 
 
-__all__ = ["PIPELINE", "eliminate_dead_code", "fold_batch_norm", "fold_constant", "fuse_ops",
-           "optimize"]
+__all__ = ["PIPELINE", "eliminate_dead_code", "fold_batch_norm", "fold_constant",
+           "fuse_elementwise", "fuse_ops", "optimize"]
