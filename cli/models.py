@@ -4,6 +4,7 @@ known configs, run it on an input, or list the tasks it would tune."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import typer
@@ -20,8 +21,12 @@ from compiler.records import (
     RecordsError,
     open_source,
 )
+from compiler.runtime.device import BuildError, DeviceRuntimeError
 from compiler.tasks import Task, extract_tasks
 from schemas import Target, Workload
+
+if TYPE_CHECKING:
+    from compiler.build import Module
 
 MODEL = typer.Argument(..., exists=True, dir_okay=False, readable=True, help="an .onnx file")
 TARGET = typer.Option(..., "--target", help="e.g. 'opencl -model=pocl-cpu'")
@@ -49,23 +54,29 @@ def import_model(path: Path) -> Graph:
 
 
 def database_source(database_url: str | None, workloads: list[Workload]) -> RecordSource | None:
-    """The embedded database's records of these workloads (every target), if it exists."""
+    """The embedded database's records of these workloads (every target); None when the
+    default SQLite file does not exist yet (nothing was tuned here)."""
     url = resolve_url(database_url)
     if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).exists():
         return None
+    from sqlalchemy.exc import SQLAlchemyError
+
     from tuner_server.db.session import SchemaError, check_schema, make_engine, session_factory
     from tuner_server.services import records as svc
 
     engine = make_engine(url)
     try:
         check_schema(engine, url)
-    except SchemaError:
-        return None
-    records = []
-    with session_factory(engine)() as session:
-        for workload in workloads:
-            records += svc.query(session, workload=workload, limit=100_000)[1]
-    engine.dispose()
+        records = []
+        with session_factory(engine)() as session:
+            for workload in workloads:
+                records += svc.query(session, workload=workload, limit=100_000)[1]
+    except SchemaError as err:
+        fail(f"--database-url: {err}", code=1)
+    except SQLAlchemyError as err:
+        fail(f"--database-url {url}: {type(err).__name__}: {str(err).splitlines()[0]}", code=1)
+    finally:
+        engine.dispose()
     return MemorySource(records, origin=f"database {url}")
 
 
@@ -110,28 +121,31 @@ def tasks(model: Path = MODEL, target: str = TARGET) -> None:
 
 
 def _build(model: Path, target: str, records: str | None, token: str | None,
-           database_url: str | None, device: str | None, print_ir: bool = False):  # type: ignore[no-untyped-def]
+           database_url: str | None, device: str | None, print_ir: bool = False) -> Module:
     from compiler.build import build
     from compiler.passes import optimize
     from compiler.runtime import open_device
 
     tgt = parse_target(target)
     graph = import_model(model)
+    optimized = optimize(graph)
     if print_ir:
         typer.echo("// before passes")
         typer.echo(print_graph(graph))
         typer.echo("// after passes")
-        typer.echo(print_graph(optimize(graph)))
+        typer.echo(print_graph(optimized))
     try:
         dev = open_device(device, target=str(tgt))
     except (RuntimeError, ValueError) as err:
         fail(str(err), code=1)
-    workloads = [t.workload for t in extract_tasks(optimize(graph), dev.target)]
+    workloads = [t.workload for t in extract_tasks(optimized, dev.target)]
     source = records_source(records, token, database_url, workloads)
     try:
-        module = build(graph, records=source, device=dev)
+        module = build(optimized, records=source, device=dev, optimized=True)
     except RecordsError as err:
         fail(str(err), code=1)
+    except (BuildError, DeviceRuntimeError, IRError) as err:
+        fail(f"{model}: {err}", code=1)
     typer.echo(module.report())
     return module
 
@@ -151,7 +165,12 @@ def compile_model(
     """Build a model with the best known config of every task and print the report."""
     module = _build(model, target, records, token, database_url, device, print_ir)
     if benchmark:
-        result = module.benchmark(number=number, repeat=repeat)
+        if not module.program.steps:
+            fail(f"{model}: nothing to time (the model runs no kernel)", code=1)
+        try:
+            result = module.benchmark(number=number, repeat=repeat)
+        except DeviceRuntimeError as err:
+            fail(f"--benchmark: {err}", code=1)
         typer.echo(f"latency: mean {result.mean * 1e3:.2f} ms, median "
                    f"{result.median * 1e3:.2f} ms, std {result.std * 1e3:.2f} ms "
                    f"({repeat} x {number} runs)")
@@ -172,6 +191,8 @@ def run_model(
     device: str | None = typer.Option(None, "--device", help="e.g. opencl:0"),
 ) -> None:
     """Build a model, run it on one input, save the (first) output."""
+    if not output_path.parent.is_dir():
+        fail(f"--output: folder {output_path.parent} does not exist")
     try:
         data = np.load(input_path, allow_pickle=False)
     except (ValueError, OSError) as err:
@@ -181,5 +202,7 @@ def run_model(
         (out, *_rest) = module.run([data])
     except (ValueError, IRError) as err:
         fail(f"--input: {err}")
+    except DeviceRuntimeError as err:
+        fail(f"{model}: {err}", code=1)
     np.save(output_path, out)
     typer.echo(f"wrote {output_path}: shape {list(out.shape)}")

@@ -8,23 +8,34 @@ build the kernels in a graph executor.
 
 from __future__ import annotations
 
+import logging
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from compiler.ir import CONST, INPUT, Graph, Node
+from compiler.ir import CONST, INPUT, Graph, IRError, Node
 from compiler.ir.ops import ALIAS_OPS
 from compiler.kernels import lower as lower_plain
 from compiler.passes import optimize
-from compiler.records import Choice, RecordSource, build_report, choose_configs
+from compiler.records import (
+    DEFAULT,
+    OTHER_DEVICE,
+    Choice,
+    RecordSource,
+    build_report,
+    choose_configs,
+)
 from compiler.runtime import Device, open_device
 from compiler.runtime.executor import BenchmarkResult, GraphExecutor, Program, Step, StepTime
 from compiler.tasks import Task, extract_tasks, node_workload
 from compiler.templates import Epilogue, get_template
 from schemas import Target
+
+log = logging.getLogger(__name__)
 
 Model = Graph | str | os.PathLike[str] | Any  # a Graph, an .onnx path or an onnx.ModelProto
 
@@ -51,7 +62,7 @@ class Module:
         return self.executor.profile(number=number)
 
     def report(self) -> str:
-        return build_report(self.choices, [t.flops * len(t.layers) for t in self.tasks],
+        return build_report(self.choices, [t.total_flops for t in self.tasks],
                             self.device.target)
 
 
@@ -64,20 +75,34 @@ def load_graph(model: Model) -> Graph:
 
 
 def build(model: Model, target: str | Target | None = None,
-          records: RecordSource | None = None, device: Device | None = None) -> Module:
+          records: RecordSource | None = None, device: Device | None = None,
+          optimized: bool = False) -> Module:
     """Compile ``model`` for the local device matching ``target`` (or ``device``).
 
     ``records`` supplies tuned configs; without it every task runs its template's default.
+    ``optimized``: ``model`` is a graph the passes already ran on.
     """
     if device is None:
         device = open_device(target=str(target) if target is not None else None)
-    graph = optimize(load_graph(model))
+    graph = load_graph(model)
+    if not optimized:
+        graph = optimize(graph)
     tasks = extract_tasks(graph, device.target)
     choices = choose_configs([t.workload for t in tasks], records, device.target,
                              device.limits)
     program = lower(graph, {t.workload.key: c for t, c in zip(tasks, choices)}, device.dialect,
                     device.target)
-    return Module(graph, tasks, choices, program, GraphExecutor(program, device), device)
+    module = Module(graph, tasks, choices, program, GraphExecutor(program, device), device)
+    served = Counter(c.source for c in choices)
+    if served[DEFAULT] or served[OTHER_DEVICE]:
+        # TVM said "Cannot find config for target=..." once per task; say it once, and
+        # where to look: the report names each task and what it runs instead.
+        log.warning("%d of %d tasks run the template's default config and %d a config tuned "
+                    "on another device; Module.report() lists them", served[DEFAULT],
+                    len(choices), served[OTHER_DEVICE])
+    if log.isEnabledFor(logging.INFO):
+        log.info("build report\n%s", module.report())
+    return module
 
 
 def lower(graph: Graph, choices: Mapping[str, Choice], dialect: str,
@@ -117,5 +142,9 @@ def lower(graph: Graph, choices: Mapping[str, Choice], dialect: str,
         else:
             kernel = lower_plain(node, dialect)
         program.steps.append(Step(f"{node.op} {node.name}".strip(), kernel, (*args, vid)))
+    for node in graph.outputs:
+        if node.ty.dtype != "float32":
+            raise IRError(f"output {node.name or node.op} is {node.ty.dtype}: device programs "
+                          "compute float32 outputs only")
     program.outputs = [value_id(n) for n in graph.outputs]
     return program

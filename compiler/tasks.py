@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from compiler.ir import Graph, Node
-from compiler.templates import Epilogue, get_template
+from compiler.templates import get_template
 from schemas import Target, Workload
 from schemas.workload import tensor_arg
 
@@ -26,7 +26,6 @@ class Task:
 
     workload: Workload
     layers: list[str] = field(default_factory=list)
-    epilogues: list[Epilogue] = field(default_factory=list)
 
     @property
     def template(self) -> str:
@@ -72,5 +71,4 @@ def extract_tasks(graph: Graph, target: Target | None = None) -> list[Task]:
             continue
         task = tasks.setdefault(workload.key, Task(workload))
         task.layers.append(node.name or node.op)
-        task.epilogues.append(Epilogue(tuple(node.attr("epilogue", ()))))
     return list(tasks.values())

@@ -302,8 +302,12 @@ def test_unnamed_node_is_named_by_its_output() -> None:
     (Case([node("Relu", ["x"])], {"x": (2, 3)}, 18), ["opset 18"]),
     (Case([node("Conv", ["x", "w"])], {"x": (1, 2, 5)}, 13, weights={"w": rand(2, 2, 3)}),
      ["Conv", "2-D"]),
+    (Case([node("Concat", ["x", "x"])], {"x": (2, 3)}, 13), ["Concat", "concat_0", "axis"]),
+    (Case([node("Concat", ["x", "x"], axis=5)], {"x": (2, 3)}, 13),
+     ["Concat", "axis 5 out of range"]),
 ], ids=["pad_reflect", "dropout_mask_used", "storage_order", "matmul_3d_3d", "bad_broadcast",
-        "bad_reshape", "gather_computed", "opset_18", "conv1d"])
+        "bad_reshape", "gather_computed", "opset_18", "conv1d", "concat_no_axis",
+        "concat_bad_axis"])
 def test_unsupported_forms_are_refused_by_name(case: Case, words: list[str]) -> None:
     message = error(case)
     for word in words:

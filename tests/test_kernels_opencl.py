@@ -63,13 +63,12 @@ def _conv(m: Maker, groups: int, epilogue: tuple[str, ...] | None, c: int = 8, c
     return m.call("fused.conv2d", *args, groups=groups, epilogue=epilogue, **attrs)
 
 
-def _dense(m: Maker, epilogue: tuple[str, ...]) -> Node:
-    args = [m.input(3, 40), m.const(7, 40)]
-    if "bias" in epilogue:
-        args.append(m.const(7))
-    if "add" in epilogue:
-        args.append(m.input(3, 7))
-    return m.call("fused.dense", *args, epilogue=epilogue)
+def _shared_operand_chain(m: Maker) -> Node:
+    """One vector as a channel bias and as a last-axis addend, as fuse_elementwise
+    passes it: once per step."""
+    v = m.const(4)
+    return m.call("fused.elementwise", m.input(1, 4, 4, 4), v, v,
+                  chain=(("nn.bias_add", 1, (("axis", 1),)), ("add", 2, ())))
 
 
 POOL = dict(pool_size=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1))
@@ -98,6 +97,7 @@ CASES: dict[str, Callable[[Maker], Node]] = {
         chain=(("multiply", 1, ()), ("nn.bias_add", 2, (("axis", 1),)),
                ("subtract", 3, ()), ("nn.relu", -1, ()), ("nn.leaky_relu", -1,
                                                           (("alpha", 0.3),)))),
+    "chain.shared_operand": lambda m: _shared_operand_chain(m),
     # pooling
     "max_pool.3x3s2p1": lambda m: m.call("nn.max_pool2d", m.input(1, 4, 11, 11), **POOL),
     "max_pool.ceil": lambda m: m.call("nn.max_pool2d", m.input(1, 2, 8, 8), pool_size=(3, 3),
@@ -145,10 +145,6 @@ CASES: dict[str, Callable[[Maker], Node]] = {
     **{f"fused_conv2d.depthwise.{'+'.join(ep)}":
        (lambda m, ep=ep: _conv(m, 8, ep, strides=(2, 2), padding=(1, 1, 1, 1)))
        for ep in EPILOGUES},
-    # dense
-    "dense": lambda m: m.call("nn.dense", m.input(3, 40), m.const(7, 40)),
-    **{f"fused_dense.{'+'.join(ep)}": (lambda m, ep=ep: _dense(m, ep))
-       for ep in (("bias", "relu"), ("add",), ("bias", "add", "relu"))},
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.ir import Graph, GraphBuilder, Node, evaluate, print_graph
+from compiler.ir import Graph, GraphBuilder, IRError, Node, evaluate, print_graph
 from compiler.passes import (
     eliminate_dead_code,
     fold_batch_norm,
@@ -122,6 +122,16 @@ def test_scale_of_a_conv_read_twice_is_not_folded() -> None:
     folded = eliminate_dead_code(fold_batch_norm(graph))
     assert "multiply" in ops(folded)
     same_outputs(graph, folded, rand(1, 3, 5, 5))
+
+
+def test_scale_after_a_bias_on_another_axis_is_not_folded() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 4))
+    biased = b.call("nn.bias_add", [conv(b, x, 4, 4, k=1), b.const(rand(4))], axis=2)
+    graph = b.finish([b.call("multiply", [biased, b.const(rand(1, 4, 1, 1))])])
+    folded = eliminate_dead_code(fold_batch_norm(graph))
+    assert "multiply" in ops(folded)
+    same_outputs(graph, folded, rand(1, 4, 4, 4))
 
 
 def test_non_per_channel_multiply_is_left_alone() -> None:
@@ -250,3 +260,27 @@ def test_elementwise_chain_stops_at_broadcasts_order_and_shared_values() -> None
     fused = eliminate_dead_code(fuse_elementwise(graph))
     assert ops(fused) == ["nn.relu", "add", "subtract", "sigmoid"]
     same_outputs(graph, fused, rand(2, 3), rand(4, 2, 3))
+
+
+def test_elementwise_chain_gives_each_step_its_own_operand() -> None:
+    # one vector as a channel bias and as a numpy-broadcast addend: two broadcasts
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 4, 4))
+    v = b.const(rand(4))
+    y = b.call("add", [b.call("nn.bias_add", [b.call("nn.relu", [x]), v]), v])
+    graph = b.finish([y])
+    fused = eliminate_dead_code(fuse_elementwise(graph))
+    (node,) = fused.ops()
+    assert [op for op, _, _ in node.attr("chain")] == ["nn.relu", "nn.bias_add", "add"]
+    assert [k for _, k, _ in node.attr("chain")] == [-1, 1, 2]
+    same_outputs(graph, fused, rand(1, 4, 4, 4))
+
+
+def test_out_of_range_axis_is_a_type_error() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 2, 2))
+    for op, args, attrs in (("concatenate", [x, x], {"axis": 5}),
+                            ("nn.bias_add", [x, b.const(rand(4))], {"axis": -5}),
+                            ("nn.softmax", [x], {"axis": 4})):
+        with pytest.raises(IRError, match="axis .* out of range"):
+            b.call(op, args, "bad", **attrs)

@@ -667,6 +667,10 @@ def _convert(imp: _Importer, proto: onnx.NodeProto) -> None:
         results = convert(imp, node)
     except (_NodeError, IRError) as err:
         raise FrontendError(f"{node.described}: {err}") from None
+    except KeyError as err:  # a required attribute the model left out
+        raise FrontendError(f"{node.described}: missing attribute {err}") from None
+    except (IndexError, ValueError) as err:  # numpy on malformed constants
+        raise FrontendError(f"{node.described}: {err}") from None
     for index, name in enumerate(node.outputs):
         if index < len(results):
             if name:

@@ -128,10 +128,17 @@ _op("sigmoid", _same, _f32(lambda x, a: 1.0 / (1.0 + np.exp(-x[0].astype(np.floa
 _op("copy", lambda t, a: t[0], lambda x, a: x[0].copy(), elementwise=True)
 
 
+def check_axis(axis: int, ndim: int) -> int:
+    """``axis`` as a non-negative index, or IRError: numpy raises on it, so must we."""
+    if not -ndim <= axis < ndim:
+        raise IRError(f"axis {axis} out of range for {ndim} dimensions")
+    return axis % ndim
+
+
 def _bias_add_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     _float(types)
     data, bias = types
-    axis = attrs["axis"] % data.ndim
+    axis = check_axis(attrs["axis"], data.ndim)
     if bias.shape != (data.shape[axis],):
         raise IRError(f"bias of shape {list(bias.shape)} for axis {axis} of {list(data.shape)}")
     return data
@@ -151,7 +158,7 @@ _op("nn.bias_add", _bias_add_infer,
 def _batch_norm_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     _float(types)
     data = types[0]
-    channels = data.shape[attrs["axis"] % data.ndim]
+    channels = data.shape[check_axis(attrs["axis"], data.ndim)]
     for name, t in zip(("gamma", "beta", "moving_mean", "moving_var"), types[1:]):
         if t.shape != (channels,):
             raise IRError(f"{name} has shape {list(t.shape)}, expected [{channels}]")
@@ -407,8 +414,7 @@ _op("nn.global_avg_pool2d", _global_pool_infer,
 
 def _axis_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     _float(types)
-    if not -types[0].ndim <= attrs["axis"] < types[0].ndim:
-        raise IRError(f"axis {attrs['axis']} out of range for {types[0].ndim} dimensions")
+    check_axis(attrs["axis"], types[0].ndim)
     return types[0]
 
 
@@ -441,7 +447,7 @@ _op("nn.lrn", _axis_infer, _lrn, size=5, axis=1, alpha=1e-4, beta=0.75, bias=1.0
 
 def _concat_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     first = types[0]
-    axis = attrs["axis"] % first.ndim
+    axis = check_axis(attrs["axis"], first.ndim)
     for t in types[1:]:
         if t.ndim != first.ndim or t.dtype != first.dtype or any(
             a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != axis

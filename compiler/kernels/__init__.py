@@ -2,8 +2,9 @@
 
 ``lower(node)`` turns one op node into a ``Kernel``: its buffers are the node's inputs in
 order (constants included) followed by the output, and its source compiles as OpenCL C
-or CUDA C through the templates' prelude. Conv2d and dense have a plain kernel too: the
-fallback when a layer has no tuned config.
+or CUDA C through the templates' prelude. Conv2d and dense layers run their template
+(tuned config or the template's default); only grouped and depthwise convolutions, which
+no template covers yet, take the plain conv2d here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 from compiler.ir import CONST, INPUT, Node
 from compiler.ir.ops import ALIAS_OPS
-from compiler.kernels import conv2d, dense, elementwise, lrn, movement, pool, softmax
+from compiler.kernels import conv2d, elementwise, lrn, movement, pool, softmax
 from compiler.kernels.common import NoKernelError, check_operands, describe
 from compiler.templates.base import DIALECTS, Kernel
 from compiler.templates.prelude import with_prelude
@@ -25,7 +26,6 @@ KERNELS: dict[str, Callable[[Node], Kernel]] = {
     **lrn.KERNELS,
     **movement.KERNELS,
     **conv2d.KERNELS,
-    **dense.KERNELS,
 }
 
 

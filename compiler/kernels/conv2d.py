@@ -1,5 +1,5 @@
-"""A direct conv2d (NCHW data, OIHW weight, any groups: depthwise too) for layers no
-template covers, and the untuned fallback of ``fused.conv2d``: one work-item per output
+"""A direct conv2d (NCHW data, OIHW weight, any groups: depthwise too) for the layers no
+template covers (grouped and depthwise), epilogue fused: one work-item per output
 element, neighbouring work-items along the output row so their loads coalesce."""
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def _producer_chain(node: Node, users: dict[Node, list]) -> bool:
     """Whether ``node`` is a conv/dense/per-channel multiply, optionally followed by a
     constant bias_add, each read only once: a per-channel scale after it can fold in."""
     if node.op == "nn.bias_add" and node.inputs[1].is_const:
-        if len(users[node]) != 1:
+        if len(users[node]) != 1 or node.attr("axis") % node.ty.ndim != 1:
             return False
         node = node.inputs[0]
     return _scale_operand(node) is not None and len(users[node]) == 1

@@ -69,15 +69,16 @@ def fuse_elementwise(graph: Graph) -> Graph:
         if plan is None:
             return None
         start, steps = plan
+        # one input per step, even for a node two steps share: each step broadcasts its
+        # operand its own way (bias_add on the channel axis, add by numpy's rules)
         inputs = [b.mapping[start]]
         chain = []
         for op, other, items in steps:
             if other is None:
                 chain.append((op, -1, items))
-                continue
-            if b.mapping[other] not in inputs[1:]:
+            else:
                 inputs.append(b.mapping[other])
-            chain.append((op, inputs.index(b.mapping[other], 1), items))
+                chain.append((op, len(inputs) - 1, items))
         return b.call("fused.elementwise", inputs, node.name, chain=tuple(chain))
 
     return rewrite(graph, visit)

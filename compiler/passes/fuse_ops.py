@@ -33,8 +33,6 @@ def _grow(start: Node, users: dict[Node, list], claimed: set[Node]
             ops.append("relu")
         elif nxt.op == "add" and residual is None and nxt.inputs[0].ty == nxt.inputs[1].ty:
             residual = nxt.inputs[1] if nxt.inputs[0] is node else nxt.inputs[0]
-            if residual is node:  # x + x is not a residual
-                break
             ops.append("add")
         else:
             break

@@ -107,9 +107,15 @@ class ServerSource(RecordSource):
                 response = self._send(client, "POST", "/api/v1/records/best", json=body)
             except _Unreachable as err:
                 return fresh, f"{self.url}/api/v1/records/best: {err}"
-            for item in response.json()["items"]:
-                key = Workload.model_validate(item["workload"]).key
-                fresh[key] = None if item["record"] is None else Record.from_json(item["record"])
+            try:
+                for item in response.json()["items"]:
+                    key = Workload.model_validate(item["workload"]).key
+                    fresh[key] = (None if item["record"] is None
+                                  else Record.from_json(item["record"]))
+            except (ValueError, KeyError, TypeError) as err:  # JSON, pydantic, record format
+                raise RecordsServerError(
+                    f"{self.url}/api/v1/records/best: not a best-records answer "
+                    f"({type(err).__name__}: {err}); is this a tuner server?") from None
         return fresh, None
 
     def _cached_best(self, asked: Sequence[Workload], target: Target,
