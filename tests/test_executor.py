@@ -12,6 +12,8 @@ from compiler.ir import GraphBuilder, Node, evaluate
 from compiler.kernels import lower
 from compiler.runtime.device import BuildError, Device
 from compiler.runtime.executor import GraphExecutor, Program, Step, plan_storage
+from compiler.tasks import node_workload
+from compiler.templates import Epilogue, Kernel, get_template
 
 X = np.random.default_rng(1).uniform(-1, 1, (1, 4, 6, 6)).astype(np.float32)
 
@@ -48,6 +50,17 @@ STEPS = [("conv", ["x", "w", "bias"]), ("maxpool", ["conv"]), ("sigmoid", ["conv
          ("softmax", ["dense"])]
 
 
+def _kernel(node: Node) -> Kernel:
+    """conv2d and dense run their template (default config), as builds do; the rest
+    plain kernels."""
+    workload = node_workload(node)
+    if workload is None:
+        return lower(node)
+    template = get_template(workload.template)
+    return template.codegen(workload, template.default_config(workload), "opencl",
+                            Epilogue(tuple(node.attr("epilogue", ()))))
+
+
 def make_program(outputs: tuple[str, ...] = ("softmax",)) -> tuple[Program, list[np.ndarray]]:
     """The program written out by hand, and numpy's answer for input ``X``."""
     b, n = _graph()
@@ -56,7 +69,7 @@ def make_program(outputs: tuple[str, ...] = ("softmax",)) -> tuple[Program, list
         inputs=[("x", VID["x"])],
         outputs=[VID[o] for o in outputs],
         constants={VID[c]: n[c].value for c in ("w", "bias", "fc_w")},  # type: ignore[misc]
-        steps=[Step(name, lower(n[name]), (*(VID[a] for a in args), VID[name]))
+        steps=[Step(name, _kernel(n[name]), (*(VID[a] for a in args), VID[name]))
                for name, args in STEPS],
         aliases={VID["flat"]: VID["add"]},
     )
