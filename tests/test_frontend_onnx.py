@@ -216,6 +216,16 @@ CASES: dict[str, Case] = {
         node("Cast", ["target"], ["target64"], to=TensorProto.INT64),
         node("Reshape", ["x", "target64"]),
     ], NCHW, 11),
+    # and with arithmetic on the dimensions: [N, C * H * W] from Shape, Gather and Mul
+    "shape_arithmetic_reshape": Case([
+        node("Shape", ["x"], ["shape"]),
+        *(helper.make_node("Gather", ["shape", f"i{k}"], [dim], f"gather_{dim}", axis=0)
+          for k, dim in enumerate("nchw")),
+        helper.make_node("Mul", ["c", "h"], ["ch"], "mul_ch"),
+        helper.make_node("Mul", ["ch", "w"], ["chw"], "mul_chw"),
+        node("Concat", ["n", "chw"], ["target"], axis=0),
+        node("Reshape", ["x", "target"]),
+    ], NCHW, 13, weights={"i0": ints(0), "i1": ints(1), "i2": ints(2), "i3": ints(3)}),
     "two_outputs": Case([node("Relu", ["x"], ["r"]), node("Sigmoid", ["r"], ["s"])],
                         {"x": (2, 3)}, 13, outputs=("s", "r")),
 }

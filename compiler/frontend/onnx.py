@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from compiler.ir import Graph, GraphBuilder, IRError, Node
+from compiler.ir.ops import evaluate_op
 from compiler.ir.types import DTYPES
 
 MIN_OPSET, MAX_OPSET = 9, 17
@@ -237,6 +238,11 @@ def _unary(op: str) -> Converter:
 
 def _binary(op: str) -> Converter:
     def convert(imp: _Importer, node: _OnnxNode) -> Sequence[Value]:
+        lhs, rhs = imp.value(node.arg(0)), imp.value(node.arg(1))
+        if isinstance(lhs, np.ndarray) and isinstance(rhs, np.ndarray):
+            # shape arithmetic (PyTorch exports: Shape -> Gather -> Mul -> Reshape)
+            # stays at import time, where Reshape can read the result
+            return [evaluate_op(op, [lhs, rhs], {})]
         return [imp.call(op, [imp.tensor(node.arg(0)), imp.tensor(node.arg(1))], node)]
     return convert
 
