@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from cli.models import database_source
-from compiler.build import Module, build
+from compiler.build_module import Module, build
 from compiler.frontend.samples import LIGHT_MODELS, light_path, with_random_weights
 from compiler.runtime import open_device
 

@@ -26,7 +26,7 @@ from compiler.tasks import Task, extract_tasks
 from schemas import Target, Workload
 
 if TYPE_CHECKING:
-    from compiler.build import Module
+    from compiler.build_module import Module
 
 MODEL = typer.Argument(..., exists=True, dir_okay=False, readable=True, help="an .onnx file")
 TARGET = typer.Option(..., "--target", help="e.g. 'opencl -model=pocl-cpu'")
@@ -122,7 +122,7 @@ def tasks(model: Path = MODEL, target: str = TARGET) -> None:
 
 def _build(model: Path, target: str, records: str | None, token: str | None,
            database_url: str | None, device: str | None, print_ir: bool = False) -> Module:
-    from compiler.build import build
+    from compiler.build_module import build
     from compiler.passes import optimize
     from compiler.runtime import open_device
 

@@ -155,3 +155,17 @@ def test_tune_model_then_compile_uses_this_devices_records(model_file: Path,
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 tasks: this device 3, other device 0, default 0" in proc.stdout
     assert "latency: mean" in proc.stdout
+
+
+def test_python_api_compiler_build(model_file: Path) -> None:
+    """``compiler.build(model, target, records=...)``, as the README shows it."""
+    import compiler
+    from compiler.records import MemorySource
+
+    module = compiler.build(str(model_file), TARGET, records=MemorySource([]))
+    x = RNG.uniform(0, 1, size=(1, 3, 16, 16)).astype(np.float32)
+    session = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(module.run({"x": x})[0], session.run(None, {"x": x})[0],
+                               rtol=1e-4, atol=1e-6)
+    assert module.benchmark(number=2, repeat=2).mean > 0
+    assert "3 tasks: this device 0, other device 0, default 3" in module.report()

@@ -18,7 +18,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from compiler.build import Module, build  # noqa: E402
+from compiler.build_module import Module, build  # noqa: E402
 from compiler.frontend.samples import (  # noqa: E402
     LIGHT_MODELS,
     light_path,
@@ -128,7 +128,7 @@ NVCC = shutil.which("nvcc") or shutil.which("/usr/local/bin/nvcc")
 @pytest.mark.parametrize("name", MODELS)
 def test_whole_model_lowers_to_cuda_that_nvcc_compiles(name: str, tmp_path: Path) -> None:
     """The program a GPU machine would run: every kernel of the model, as CUDA C."""
-    from compiler.build import load_graph, lower
+    from compiler.build_module import load_graph, lower
     from compiler.passes import optimize
     from compiler.records import choose_configs
     from compiler.tasks import extract_tasks

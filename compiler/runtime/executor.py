@@ -1,7 +1,7 @@
 """Run a compiled graph on one device: every kernel built once, constants uploaded once,
 intermediates in a pool of device buffers reused as soon as their last reader has run.
 
-``compiler/build.py`` lowers a graph to a ``Program`` (typed value ids, one ``Step`` per
+``compiler/build_module.py`` lowers a graph to a ``Program`` (typed value ids, one ``Step`` per
 kernel launch); ``GraphExecutor`` runs it, times it as a whole (TVM's time_evaluator:
 warm-up, ``number`` runs per repeat, one cost per repeat) and per step.
 """
@@ -32,7 +32,7 @@ class Step:
 
 @dataclass
 class Program:
-    """What ``compiler/build.py`` hands the executor."""
+    """What ``compiler/build_module.py`` hands the executor."""
 
     values: list[TensorType]
     inputs: list[tuple[str, int]]
