@@ -9,7 +9,9 @@ warm-up, ``number`` runs per repeat, one cost per repeat) and per step.
 from __future__ import annotations
 
 import math
+import os
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,7 +91,7 @@ class GraphExecutor:
         self._root = [_root(program.aliases, v) for v in range(len(program.values))]
         self._check()
         self._pinned = pinned_roots(program)
-        self._kernels = [self._build(step) for step in program.steps]
+        self._kernels = self._build_all(program.steps)
         self.plan = plan_storage(program)
         pool = [device.alloc_bytes(n) for n in self.plan.pool_bytes]
         storage: dict[int, Any] = {}
@@ -140,6 +142,17 @@ class GraphExecutor:
         missing = [v for v in p.outputs if self._root[v] not in defined]
         if missing:
             raise ValueError(f"output value(s) {missing} are never computed")
+
+    def _build_all(self, steps: Sequence[Step]) -> list[Any]:
+        """Each distinct source once, on a few threads: device compilers (PoCL's LLVM,
+        nvcc) release the GIL, and a DenseNet has ~300 distinct kernels."""
+        first: dict[str, Step] = {}
+        for step in steps:
+            first.setdefault(step.kernel.source, step)
+        workers = max(1, min(len(first), os.cpu_count() or 1, 8))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            built = dict(zip(first, pool.map(self._build, first.values())))
+        return [built[step.kernel.source] for step in steps]
 
     def _build(self, step: Step) -> Any:
         try:
