@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler.ir import CONST, INPUT, Graph, IRError, Node
+from compiler.ir import CONST, INPUT, Graph, IRError, Node, TensorType
 from compiler.ir.ops import ALIAS_OPS
 from compiler.kernels import lower as lower_plain
 from compiler.passes import optimize
@@ -137,8 +137,17 @@ def lower(graph: Graph, choices: Mapping[str, Choice], dialect: str,
         workload = node_workload(node, target)
         if workload is not None:
             choice = choices[workload.key]
-            kernel = get_template(workload.template).codegen(
-                workload, choice.config, dialect, Epilogue(tuple(node.attr("epilogue", ()))))
+            template = get_template(workload.template)
+            kernel = template.codegen(workload, choice.config, dialect,
+                                      Epilogue(tuple(node.attr("epilogue", ()))))
+            if template.packs_weight:  # the packed copy is this step's own constant
+                weight = node.inputs[1].value
+                assert weight is not None, "templates that pack weights need constant ones"
+                packed = len(program.values)
+                program.values.append(TensorType(kernel.buffers[1].shape))
+                program.constants[packed] = np.ascontiguousarray(
+                    template.pack_weight(workload, choice.config, weight), dtype=np.float32)
+                args = (args[0], packed, *args[2:])
         else:
             kernel = lower_plain(node, dialect)
         program.steps.append(Step(f"{node.op} {node.name}".strip(), kernel, (*args, vid)))
@@ -147,4 +156,8 @@ def lower(graph: Graph, choices: Mapping[str, Choice], dialect: str,
             raise IRError(f"output {node.name or node.op} is {node.ty.dtype}: device programs "
                           "compute float32 outputs only")
     program.outputs = [value_id(n) for n in graph.outputs]
+    # a weight a template packed is read in its packed copy only: do not upload both
+    read = {v for step in program.steps for v in step.args} | set(program.outputs)
+    read |= {program.aliases[v] for v in read if v in program.aliases}
+    program.constants = {v: a for v, a in program.constants.items() if v in read}
     return program

@@ -91,7 +91,8 @@ def measure(device: Device, request: MeasureRequest,
                                   request.seed)
     out_shape = template.output_shape(request.workload)
     try:
-        buffers = [device.upload(a) for a in arrays]
+        buffers = [device.upload(a) for a in template.kernel_inputs(request.workload,
+                                                                    request.config, arrays)]
         out_buf = device.alloc(out_shape)
         buffers.append(out_buf)
         device.run(program, kernel, buffers)

@@ -172,6 +172,23 @@ class Template(ABC):
                 return config
         raise ConfigError(f"no config of {self.name} fits the device after {tries} draws")
 
+    # Templates whose kernel reads the weight (input 1) in a layout of their own (CPU
+    # templates pack it into channel blocks) set this and override ``pack_weight``.
+    packs_weight: bool = False
+
+    def pack_weight(self, workload: Workload, config: Config, weight: np.ndarray) -> np.ndarray:
+        """The weight as the kernel reads it: a constant transform the compiler does once
+        at build time (as Winograd's filter transform), and the measurer before a trial."""
+        return weight
+
+    def kernel_inputs(self, workload: Workload, config: Config,
+                      arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The operator's inputs (as ``make_inputs`` and the reference see them) in the
+        form the kernel's input buffers take."""
+        if not self.packs_weight:
+            return arrays
+        return [arrays[0], self.pack_weight(workload, config, arrays[1]), *arrays[2:]]
+
     def make_inputs(self, workload: Workload, epilogue: Epilogue,
                     rng: np.random.Generator) -> list[np.ndarray]:
         """Random operands (plus bias / residual the epilogue needs), as float32."""
