@@ -115,6 +115,9 @@ def tasks(model: Path = MODEL, target: str = TARGET) -> None:
 
     tgt = parse_target(target)
     found = extract_tasks(optimize(import_model(model)), tgt)
+    typer.echo(f"target {tgt}: a {tgt.device_class.upper()} device, so "
+               f"{'CPU' if tgt.device_class == 'cpu' else 'GPU'} templates first "
+               "(-device=cpu|gpu overrides)")
     print_tasks(found)
     for i, task in enumerate(found):
         typer.echo(f"{i}: {task.workload.key}")

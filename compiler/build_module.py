@@ -31,9 +31,9 @@ from compiler.records import (
 )
 from compiler.runtime import Device, open_device
 from compiler.runtime.executor import BenchmarkResult, GraphExecutor, Program, Step, StepTime
-from compiler.tasks import Task, extract_tasks, node_workload
+from compiler.tasks import Task, candidates, extract_tasks
 from compiler.templates import Epilogue, get_template
-from schemas import Target
+from schemas import DeviceLimits, Target
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +87,8 @@ def build(model: Model, target: str | Target | None = None,
     graph = load_graph(model)
     if not optimized:
         graph = optimize(graph)
-    tasks = extract_tasks(graph, device.target)
-    choices = choose_configs([t.workload for t in tasks], records, device.target,
-                             device.limits)
-    program = lower(graph, {t.workload.key: c for t, c in zip(tasks, choices)}, device.dialect,
-                    device.target)
+    plan, tasks, choices = select_layers(graph, device.target, records, device.limits)
+    program = lower(graph, plan, device.dialect)
     module = Module(graph, tasks, choices, program, GraphExecutor(program, device), device)
     served = Counter(c.source for c in choices)
     if served[DEFAULT] or served[OTHER_DEVICE]:
@@ -105,11 +102,39 @@ def build(model: Model, target: str | Target | None = None,
     return module
 
 
-def lower(graph: Graph, choices: Mapping[str, Choice], dialect: str,
-          target: Target | None = None) -> Program:
-    """One step per op: conv2d/dense with a template run its chosen config; reshapes
-    alias their input; everything else gets a plain kernel. No device needed: the same
-    program lowers to CUDA C for a GPU machine as to OpenCL C here."""
+def select_layers(graph: Graph, target: Target, records: RecordSource | None,
+                  limits: DeviceLimits) -> tuple[dict[Node, Choice], list[Task], list[Choice]]:
+    """Each conv2d/dense layer's template and config (TVM's select_implementation): of
+    its candidates, the one with the fastest record measured on this device; else the
+    first (in the device class's order) with another device's record; else the
+    preferred candidate's default. Also the chosen tasks and their choices, for the
+    report."""
+    every = extract_tasks(graph, target, every_candidate=True)
+    found = choose_configs([t.workload for t in every], records, target, limits)
+    by_key = {t.workload.key: c for t, c in zip(every, found)}
+    plan: dict[Node, Choice] = {}
+    tasks: dict[str, Task] = {}
+    live = graph.live()
+    for node in graph.nodes:
+        options = [by_key[w.key] for w in candidates(node, target)] if id(node) in live else []
+        if not options:
+            continue
+        measured = [c for c in options if c.cost is not None]
+        others = [c for c in options if c.source == OTHER_DEVICE]
+        choice = (min(measured, key=lambda c: c.cost or 0.0) if measured
+                  else others[0] if others else options[0])
+        plan[node] = choice
+        task = tasks.setdefault(choice.workload.key, Task(choice.workload))
+        task.layers.append(node.name or node.op)
+    chosen = list(tasks.values())
+    return plan, chosen, [by_key[t.workload.key] for t in chosen]
+
+
+def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str) -> Program:
+    """One step per op: conv2d/dense layers in ``plan`` run their template with the
+    chosen config; reshapes alias their input; everything else gets a plain kernel. No
+    device needed: the same program lowers to CUDA C for a GPU machine as to OpenCL C
+    here."""
     ids: dict[Node, int] = {}
     program = Program(values=[], inputs=[], outputs=[], constants={}, steps=[], aliases={})
 
@@ -134,9 +159,9 @@ def lower(graph: Graph, choices: Mapping[str, Choice], dialect: str,
         if node.op in ALIAS_OPS:
             program.aliases[vid] = args[0]
             continue
-        workload = node_workload(node, target)
-        if workload is not None:
-            choice = choices[workload.key]
+        choice = plan.get(node)
+        if choice is not None:
+            workload = choice.workload
             template = get_template(workload.template)
             kernel = template.codegen(workload, choice.config, dialect,
                                       Epilogue(tuple(node.attr("epilogue", ()))))

@@ -75,6 +75,19 @@ class Target(BaseModel):
         return self.option("arch")
 
     @property
+    def device_class(self) -> str:
+        """"cpu" or "gpu": which template family suits the device. ``-device=cpu|gpu``
+        says it outright; else cuda and rocm are GPUs, llvm a CPU, and an OpenCL device
+        is a CPU when its model ends in "-cpu", as our OpenCL backend names the targets
+        of devices whose OpenCL device type is CPU (``opencl -model=pocl-cpu``)."""
+        explicit = self.option("device")
+        if explicit in ("cpu", "gpu"):
+            return explicit
+        if self.kind == "llvm" or (self.kind == "opencl" and self.model.endswith("-cpu")):
+            return "cpu"
+        return "gpu"
+
+    @property
     def keys(self) -> tuple[str, ...]:
         explicit = self.option("keys")
         if explicit:

@@ -18,6 +18,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from cli.main import app  # noqa: E402
+from schemas import Target  # noqa: E402
 
 runner = CliRunner()
 TUNER = Path(sys.executable).with_name("tuner")
@@ -84,9 +85,16 @@ def test_tasks_lists_every_conv_and_dense_with_its_workload(model_file: Path) ->
     keys = [line.split(": ", 1)[1] for line in result.output.splitlines()
             if line[:1].isdigit() and ": [" in line]
     assert len(keys) == 3
-    assert keys[0].startswith('["conv2d_nchw.cuda",[["TENSOR",[1,3,16,16],"float32"],'
-                              '["TENSOR",[8,3,3,3],"float32"],[1,1],[1,1,1,1],[1,1]')
-    assert keys[2] == ('["dense_small_batch.gpu",[["TENSOR",[1,8],"float32"],'
+    cpu = Target.parse(TARGET).device_class == "cpu"
+    assert (" a CPU device, so CPU templates first" if cpu else
+            " a GPU device, so GPU templates first") in result.output
+    conv, dense = ("conv2d_NCHWc.x86", "dense_pack.x86") if cpu else (
+        "conv2d_nchw.cuda", "dense_small_batch.gpu")
+    layout = ',"NCHW","NCHW"' if cpu else ""
+    assert keys[0] == (f'["{conv}",[["TENSOR",[1,3,16,16],"float32"],'
+                       f'["TENSOR",[8,3,3,3],"float32"],[1,1],[1,1,1,1],[1,1]{layout},'
+                       '"float32"]]')
+    assert keys[2] == (f'["{dense}",[["TENSOR",[1,8],"float32"],'
                        '["TENSOR",[10,8],"float32"],null,"float32"]]')
 
 

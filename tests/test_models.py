@@ -128,16 +128,13 @@ NVCC = shutil.which("nvcc") or shutil.which("/usr/local/bin/nvcc")
 @pytest.mark.parametrize("name", MODELS)
 def test_whole_model_lowers_to_cuda_that_nvcc_compiles(name: str, tmp_path: Path) -> None:
     """The program a GPU machine would run: every kernel of the model, as CUDA C."""
-    from compiler.build_module import load_graph, lower
+    from compiler.build_module import load_graph, lower, select_layers
     from compiler.passes import optimize
-    from compiler.records import choose_configs
-    from compiler.tasks import extract_tasks
 
     target = Target.parse("cuda -model=h200 -arch=sm_90")
     graph = optimize(load_graph(model_path(name)))
-    tasks = extract_tasks(graph, target)
-    choices = choose_configs([t.workload for t in tasks], None, target, DeviceLimits())
-    program = lower(graph, {t.workload.key: c for t, c in zip(tasks, choices)}, "cuda", target)
+    plan, _tasks, _choices = select_layers(graph, target, None, DeviceLimits())
+    program = lower(graph, plan, "cuda")
     sources: dict[str, str] = {}
     for step in program.steps:
         entry = f"{step.kernel.entry}_{len(sources)}"

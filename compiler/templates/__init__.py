@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from compiler.templates import conv2d_nchw, dense_large_batch, dense_small_batch
+from compiler.templates import dense_pack
+from compiler.templates import conv2d_nchwc
 from compiler.templates.base import (
     Buffer,
     ConfigError,
@@ -17,6 +19,8 @@ _REGISTRY: dict[str, Template] = {
     t.name: t
     for t in (conv2d_nchw.TEMPLATE, dense_small_batch.TEMPLATE, dense_large_batch.TEMPLATE)
 }
+_REGISTRY[dense_pack.TEMPLATE.name] = dense_pack.TEMPLATE
+_REGISTRY[conv2d_nchwc.TEMPLATE.name] = conv2d_nchwc.TEMPLATE
 
 
 class UnknownTemplateError(KeyError):

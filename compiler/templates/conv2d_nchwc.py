@@ -1,0 +1,462 @@
+"""``conv2d_NCHWc.x86``: AutoTVM's CPU conv2d schedule, as an OpenCL kernel for CPU devices.
+
+AutoTVM's x86 template blocks channels (NCHW[x]c data, OIHW[x]i[y]o weights) and keeps a
+row of ``reg_n`` output x positions times ``oc_bn`` output channels in vector registers.
+Here the weight is packed once (``pack_weight``: [K/oc_bn][C/ic_bn][R][S][ic_bn][oc_bn],
+a constant transform the compiler does at build time and the measurer before a trial);
+data is read and the output written in plain NCHW, which the compiler keeps between ops.
+
+Kernel: one work-item per (image and output-channel block, ``tile_oh`` output rows, block
+of ``reg_n`` output x); its accumulators ``acc[tile_oh][reg_n][oc_bn / vec]`` are
+``vec``-wide float vectors held in registers (the source is unrolled over them). It loops
+over the ic blocks, kh, kw (unrolled in the source when ``unroll_kw``) and the channels of
+a block; each step loads one input scalar per output position and ``oc_bn / vec`` weight
+vectors (contiguous in the packed weight) and does a vector multiply-add per accumulator.
+Padding: the x blocks whose input window leaves the image (a few at each side, known at
+code generation) each get their own copy of the reduction with x0 written in, kw unrolled
+and the taps that read padding left out, so no load is checked or masked; the other
+blocks share one copy without checks. Rows outside the image are skipped per kh step
+(masked to zero when a work-item holds tile_oh = 2 rows). Fused epilogues apply at the
+store. Local size (wg, 1, 1) along the x blocks. The same body compiles as CUDA C through
+the prelude's vector macros.
+
+Knobs, as AutoTVM defines them (index order, first least significant), so a TopHub llvm
+record is a config here and its ``index`` means the same point:
+``tile_ic`` [C/ic_bn, ic_bn], ``tile_oc`` [K/oc_bn, oc_bn], ``tile_ow`` [OW/reg_n, reg_n]
+(reg_n <= 64), and for kernels other than 1x1 ``unroll_kw`` (True, False), for 1x1 kernels
+``tile_oh`` ((1, 2), or (1,) when OH is 1: output rows per work-item). Appended after them
+(most significant, so TopHub indices stay valid), the OpenCL knobs: ``vec`` (1, 2, 4, 8,
+16: lanes per vector; must divide oc_bn, else ``check_limits`` rejects the config) and
+``wg`` (1, 2, 4, 8: work-items per work-group). A record without ``vec``/``wg`` (every
+TopHub record) decodes with vec = 16 if it divides oc_bn, else the largest candidate
+that does, and wg = 1: 16 floats is the vector width of the skylake-avx512 targets those
+records were tuned for (AutoTVM vectorised the whole oc_bn axis and LLVM split it into
+such registers), and on this AVX-512 host 16 beat 8 on the same blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from compiler.templates.base import (
+    Buffer,
+    Epilogue,
+    Kernel,
+    Template,
+    WorkloadError,
+    epilogue_buffers,
+)
+from compiler.templates.emit import indent, signature
+from compiler.templates.ops import Conv2dOp
+from compiler.templates.space import ConfigError, ConfigSpace, OtherKnob, SplitKnob
+from schemas import Config, DeviceLimits, KnobEntity, Workload
+
+VEC_CANDIDATES = (1, 2, 4, 8, 16)
+WG_CANDIDATES = (1, 2, 4, 8)
+# What a config without the OpenCL knobs (a TopHub llvm record) runs with.
+DEFAULT_VEC, DEFAULT_WG = 16, 1
+OPENCL_KNOBS = ("vec", "wg")
+ENTRY = "conv2d_nchwc_kernel"
+
+
+def default_vec(oc_bn: int) -> int:
+    """vec for a config that does not set it: 16 if it divides oc_bn, else the largest
+    candidate that does (1 always does)."""
+    if oc_bn % DEFAULT_VEC == 0:
+        return DEFAULT_VEC
+    return max(v for v in VEC_CANDIDATES if oc_bn % v == 0)
+
+
+class Conv2dNCHWc(Template):
+    name = "conv2d_NCHWc.x86"
+    packs_weight = True
+
+    def parse(self, workload: Workload) -> Conv2dOp:
+        args = workload.args
+        if len(args) != 8:
+            raise WorkloadError(
+                "conv2d_NCHWc args: expected [data, kernel, strides, padding, dilation, layout, "
+                f"out_layout, out_dtype], got {len(args)} items")
+        for i, what in ((5, "layout"), (6, "out_layout")):
+            if args[i] != "NCHW":
+                raise WorkloadError(
+                    f"args[{i}] ({what}): {args[i]!r} is not supported; this template reads "
+                    "and writes NCHW tensors (the weight it packs itself), so only \"NCHW\"")
+        return Conv2dOp.from_args((*args[:5], args[7]))
+
+    def _space(self, op: Conv2dOp) -> ConfigSpace:
+        knobs: list[SplitKnob | OtherKnob] = [
+            SplitKnob("tile_ic", op.c, 2),
+            SplitKnob("tile_oc", op.co, 2),
+            SplitKnob("tile_ow", op.ow, 2, keep=_reg_n_at_most_64),
+        ]
+        if op.kh == 1 and op.kw == 1:
+            knobs.append(OtherKnob("tile_oh", (1, 2) if op.oh > 1 else (1,)))
+        else:
+            knobs.append(OtherKnob("unroll_kw", (True, False)))
+        knobs += [OtherKnob("vec", VEC_CANDIDATES), OtherKnob("wg", WG_CANDIDATES)]
+        return ConfigSpace(knobs)
+
+    def decode(self, workload: Workload, config: Config) -> dict[str, Any]:
+        """Knob values; a config that lacks both OpenCL knobs (a TopHub record) gets vec =
+        ``default_vec(oc_bn)`` and wg = 1."""
+        space = self.space(workload)
+        names = {e.name for e in config.entity}
+        if not any(n in names for n in OPENCL_KNOBS):
+            config = _with_opencl_defaults(space, config)
+        return space.decode(config)
+
+    def autotvm_index(self, workload: Workload, config: Config) -> int:
+        """The index of ``config``'s point among AutoTVM's knobs alone (what a TopHub
+        record's ``index`` counts): our index modulo the size of AutoTVM's part."""
+        space = self.space(workload)
+        base = math.prod(len(k) for k in space.knobs if k.name not in OPENCL_KNOBS)
+        return space.index_of(self.decode(workload, config)) % base
+
+    def flops(self, workload: Workload) -> int:
+        return self.parse(workload).flops
+
+    def output_shape(self, workload: Workload) -> tuple[int, ...]:
+        return self.parse(workload).output_shape
+
+    def input_shapes(self, workload: Workload) -> list[tuple[int, ...]]:
+        return self.parse(workload).input_shapes
+
+    def compute_reference(self, workload: Workload, inputs: list[np.ndarray]) -> np.ndarray:
+        return self.parse(workload).reference(*inputs)
+
+    def pack_weight(self, workload: Workload, config: Config, weight: np.ndarray) -> np.ndarray:
+        """OIHW -> [K/oc_bn][C/ic_bn][R][S][ic_bn][oc_bn] (AutoTVM's OIHW[x]i[y]o)."""
+        op = self.parse(workload)
+        k = self.decode(workload, config)
+        ic_bn, oc_bn = k["tile_ic"][1], k["tile_oc"][1]
+        w = np.asarray(weight, dtype=np.float32).reshape(
+            op.co // oc_bn, oc_bn, op.c // ic_bn, ic_bn, op.kh, op.kw)
+        return np.ascontiguousarray(w.transpose(0, 2, 4, 5, 3, 1))
+
+    def default_config(self, workload: Workload) -> Config:
+        """AutoTVM's x86 fallback, shaped for this kernel: oc_bn the largest factor of K
+        up to 16, ic_bn the largest factor of C up to oc_bn, reg_n the largest factor of
+        OW up to 8 (<= 128 accumulators: AVX-512 holds them in 8 registers), vec 16 (or
+        the largest that divides oc_bn), kw unrolled, one row, one work-item per group."""
+        op = self.parse(workload)
+        space = self.space(workload)
+        oc_bn = _largest_factor(op.co, 16)
+        ic_bn = _largest_factor(op.c, oc_bn)
+        reg_n = _largest_factor(op.ow, 8)
+        values: dict[str, Any] = {
+            "tile_ic": (op.c // ic_bn, ic_bn),
+            "tile_oc": (op.co // oc_bn, oc_bn),
+            "tile_ow": (op.ow // reg_n, reg_n),
+            "vec": default_vec(oc_bn),
+            "wg": 1,
+        }
+        if op.kh == 1 and op.kw == 1:
+            values["tile_oh"] = 1
+        else:
+            values["unroll_kw"] = True
+        return space.to_config(values)
+
+    def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits) -> list[str]:
+        try:
+            k = self.decode(workload, config)
+        except ConfigError as err:
+            return [str(err)]
+        p = _Plan(self.parse(workload), k)
+        problems = []
+        if p.oc_bn % p.vec:
+            problems.append(f"vec {p.vec} does not divide the output-channel block {p.oc_bn}")
+        if p.wg > limits.max_threads_per_block:
+            problems.append(f"{p.wg} work-items per group > {limits.max_threads_per_block}")
+        if p.wg > limits.max_thread_x:
+            problems.append(f"{p.wg} work-items in x > {limits.max_thread_x}")
+        if p.acc > limits.max_local_elements:
+            problems.append(f"{p.acc} accumulators per work-item ({p.oh_f} rows x {p.reg_n} "
+                            f"x {p.oc_bn} channels) > {limits.max_local_elements}")
+        return problems
+
+    def features(self, workload: Workload, config: Config) -> dict[str, float]:
+        op = self.parse(workload)
+        k = self.decode(workload, config)
+        p = _Plan(op, k)
+        feats: dict[str, float] = {}
+        for name in ("tile_ic", "tile_oc", "tile_ow"):
+            for i, f in enumerate(k[name]):
+                feats[f"{name}.{i}"] = math.log2(f)
+        # flops of one (ci, kh, kw) step over the loads it does: oh_f*reg_n input scalars
+        # and oc_bn weights
+        step_flops = 2 * p.acc
+        feats.update(
+            tile_oh=float(p.oh_f),
+            unroll_kw=float(p.unroll_kw),
+            log_vec=math.log2(p.vec),
+            vec_divides=float(p.oc_bn % p.vec == 0),
+            log_wg=math.log2(p.wg),
+            log_acc=math.log2(p.acc),
+            log_vector_acc=math.log2(max(p.acc / p.vec, 1.0)),
+            log_work_items=math.log2(p.work_items),
+            log_groups=math.log2(p.groups),
+            loads_per_flop=(p.oh_f * p.reg_n + p.oc_bn) / step_flops,
+            border_x_fraction=p.border_fraction,
+            log_reduction_steps=math.log2(op.c * op.kh * op.kw),
+        )
+        return feats
+
+    def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel:
+        p = _Plan(op, knobs)
+        if p.oc_bn % p.vec:
+            raise ConfigError(f"vec {p.vec} does not divide the output-channel block {p.oc_bn}")
+        out_shape = op.output_shape
+        extra = epilogue_buffers(epilogue, out_shape, 1)
+        source = _Source(op, p, epilogue, [b.name for b in extra]).lines()
+        buffers = (
+            Buffer("data", op.input_shapes[0]),
+            Buffer("weight", (p.kb, p.cb, op.kh, op.kw, p.ic_bn, p.oc_bn)),
+            *extra,
+            Buffer("out", out_shape, role="out"),
+        )
+        return Kernel(
+            source="\n".join(source) + "\n",
+            entry=ENTRY,
+            grid=(p.groups_x, p.ohb, op.n * p.kb),
+            block=(p.wg, 1, 1),
+            buffers=buffers,
+            dialect="",
+            meta={"accumulators": p.acc, "threads": p.wg},
+        )
+
+
+def _reg_n_at_most_64(value: tuple[int, ...]) -> bool:
+    return value[-1] <= 64
+
+
+def _largest_factor(n: int, cap: int) -> int:
+    return max(f for f in range(1, min(n, cap) + 1) if n % f == 0)
+
+
+def _with_opencl_defaults(space: ConfigSpace, config: Config) -> Config:
+    oc = next((e for e in config.entity if e.name == "tile_oc"), None)
+    if oc is None:
+        raise ConfigError("config knobs do not match the space: missing tile_oc")
+    knob = next(k for k in space.knobs if k.name == "tile_oc")
+    oc_bn = knob.decode(oc.value)[1]
+    entity = (*config.entity, KnobEntity(name="vec", kind="ot", value=default_vec(oc_bn)),
+              KnobEntity(name="wg", kind="ot", value=DEFAULT_WG))
+    return config.model_copy(update={"entity": entity})
+
+
+class _Plan:
+    """Block sizes a config implies."""
+
+    def __init__(self, op: Conv2dOp, k: dict[str, Any]) -> None:
+        self.ic_bn = k["tile_ic"][1]
+        self.cb = op.c // self.ic_bn
+        self.oc_bn = k["tile_oc"][1]
+        self.kb = op.co // self.oc_bn
+        self.reg_n = k["tile_ow"][1]
+        self.owb = op.ow // self.reg_n
+        self.oh_f = int(k.get("tile_oh", 1))
+        self.ohb = -(-op.oh // self.oh_f)
+        # a 1x1 kernel's kw loop has one step: nothing left to unroll
+        self.unroll_kw = bool(k.get("unroll_kw", True))
+        self.vec = int(k["vec"])
+        self.wg = int(k["wg"])
+        self.nvec = max(self.oc_bn // self.vec, 1)
+        self.acc = self.oh_f * self.reg_n * self.oc_bn
+        self.groups_x = -(-self.owb // self.wg)
+        self.work_items = op.n * self.kb * self.ohb * self.owb
+        self.groups = op.n * self.kb * self.ohb * self.groups_x
+        sh, sw = op.stride
+        dh, dw = op.dilation
+        pt, pl = op.pad[0], op.pad[1]
+        # static bounds: which sides of the input window can leave the image
+        self.check_top = pt > 0
+        self.check_bottom = (op.oh - 1) * sh - pt + (op.kh - 1) * dh >= op.h
+        self.row_tail = op.oh % self.oh_f != 0
+        self.border_blocks = [
+            b for b in range(self.owb)
+            if b * self.reg_n * sw - pl < 0
+            or ((b + 1) * self.reg_n - 1) * sw - pl + (op.kw - 1) * dw >= op.w]
+        # share of x blocks that run a border copy of the reduction
+        self.border_fraction = len(self.border_blocks) / self.owb
+
+
+def _hex(e: int) -> str:
+    return format(e, "x")
+
+
+class _Source:
+    """The kernel body, written against the prelude's macros; vec = 1 is plain floats."""
+
+    def __init__(self, op: Conv2dOp, p: _Plan, epilogue: Epilogue, extra: list[str]) -> None:
+        self.op, self.p, self.epilogue, self.extra = op, p, epilogue, extra
+
+    # vector helpers: one lane is a plain float (OpenCL has no float1)
+    def vtype(self) -> str:
+        return "float" if self.p.vec == 1 else f"VEC_T({self.p.vec})"
+
+    def vbcast(self, x: str) -> str:
+        return x if self.p.vec == 1 else f"VBCAST({self.p.vec}, {x})"
+
+    def vload(self, i: int, ptr: str) -> str:
+        return f"{ptr}[{i}]" if self.p.vec == 1 else f"VLOAD({self.p.vec}, {i}, {ptr})"
+
+    def vfma(self, a: str, b: str, c: str) -> str:
+        return f"({a} * {b} + {c})" if self.p.vec == 1 else f"VFMA({a}, {b}, {c})"
+
+    def velem(self, v: str, e: int) -> str:
+        return v if self.p.vec == 1 else f"VELEM({v}, {_hex(e)})"
+
+    def acc_names(self) -> list[tuple[int, int, int, str]]:
+        p = self.p
+        return [(i, j, v, f"acc_{i}_{j}_{v}") for i in range(p.oh_f) for j in range(p.reg_n)
+                for v in range(p.nvec)]
+
+    def lines(self) -> list[str]:
+        op, p = self.op, self.p
+        sh, sw = op.stride
+        pt, pl = op.pad[0], op.pad[1]
+        body = [signature(ENTRY, ["data", "weight", *self.extra], "out") + " {"]
+        body.append(f"  const int owb = BLOCK_X * {p.wg} + THREAD_X;")
+        if p.groups_x * p.wg != p.owb:  # the last group's spare work-items
+            body.append(f"  if (owb >= {p.owb}) return;")
+        body += [
+            f"  const int oh0 = BLOCK_Y * {p.oh_f};",
+            f"  const int n = BLOCK_Z / {p.kb}, kb = BLOCK_Z % {p.kb};",
+            f"  const int ow0 = owb * {p.reg_n};",
+            f"  const int x0 = ow0 * {sw} - {pl};",
+        ]
+        for i in range(p.oh_f):
+            row = f"oh0 + {i}" if i else "oh0"
+            if i and p.row_tail:  # the last block's missing rows recompute the last row
+                row = f"(oh0 + {i} < {op.oh} ? oh0 + {i} : {op.oh - 1})"
+            body.append(f"  const int y{i} = ({row}) * {sh} - {pt};")
+        body += [
+            f"  GLOBAL const float* dn = data + n * {op.c * op.h * op.w};",
+            f"  GLOBAL const float* wk = weight + kb * {p.cb * op.kh * op.kw * p.ic_bn * p.oc_bn};",
+        ]
+        for _, _, _, name in self.acc_names():
+            body.append(f"  {self.vtype()} {name} = {self.vbcast('0.0f')};")
+        # x blocks whose input window leaves the image get a copy of the reduction with
+        # their x0 written in: taps that fall in the padding are left out at compile time
+        branches = [(f"owb == {b}", self.reduction(b * p.reg_n * sw - pl))
+                    for b in p.border_blocks]
+        if len(p.border_blocks) < p.owb:
+            branches.append(("", self.reduction(None)))
+        if len(branches) == 1:
+            body += indent(branches[0][1])
+        else:
+            for idx, (cond, lines) in enumerate(branches):
+                if idx == len(branches) - 1:  # the last branch needs no test
+                    body.append("  } else {")
+                else:
+                    body.append(f"  {'if' if idx == 0 else '} else if'} ({cond}) {{")
+                body += indent(indent(lines))
+            body.append("  }")
+        body += indent(self.store())
+        body.append("}")
+        return body
+
+    def reduction(self, x0: int | None) -> list[str]:
+        """Loops over ic blocks, kh, kw, ic. ``x0`` None: every column of the window is
+        inside the image (x0 read at run time); else the block's x0, and the taps that
+        read padding are not emitted (kw is unrolled for that). Rows outside the image are
+        skipped (one row per work-item) or masked to zero (tile_oh > 1)."""
+        op, p = self.op, self.p
+        sw = op.stride[1]
+        dh, dw = op.dilation
+        hw = op.h * op.w
+        wstep = p.ic_bn * p.oc_bn
+        rows_checked = p.check_top or p.check_bottom
+        row_masked = rows_checked and p.oh_f > 1
+        rows = []
+        for i in range(p.oh_f):
+            if not rows_checked:
+                rows.append(f"const int ro{i} = (y{i} + r * {dh}) * {op.w};")
+                continue
+            rows.append(f"const int ih{i} = y{i} + r * {dh};")
+            if p.oh_f == 1:
+                rows.append(f"if (ih{i} < 0 || ih{i} >= {op.h}) continue;")
+                rows.append(f"const int ro{i} = ih{i} * {op.w};")
+            else:
+                rows.append(f"const int rv{i} = ih{i} >= 0 && ih{i} < {op.h};")
+                rows.append(f"const int ro{i} = (rv{i} ? ih{i} : 0) * {op.w};")
+                rows.append(f"const float rm{i} = rv{i} ? 1.0f : 0.0f;")
+
+        def kw_step(s: int | str) -> list[str]:
+            out = [f"GLOBAL const float* wp = wc + (r * {op.kw} + {s}) * {wstep};"]
+            cols: dict[int, str] = {}
+            if x0 is None:
+                out.append(f"const int xs = x0 + {s} * {dw};" if s != 0 else "const int xs = x0;")
+                cols = {j: f"xs + {j * sw}" if j else "xs" for j in range(p.reg_n)}
+            else:
+                assert isinstance(s, int)
+                for j in range(p.reg_n):
+                    col = x0 + j * sw + s * dw
+                    if 0 <= col < op.w:
+                        cols[j] = str(col)
+                if not cols:
+                    return []
+            inner = [f"GLOBAL const float* dp = dc + ci * {hw};",
+                     f"GLOBAL const float* wq = wp + ci * {p.oc_bn};"]
+            for v in range(p.nvec):
+                inner.append(f"const {self.vtype()} w{v} = {self.vload(v, 'wq')};")
+            for i in range(p.oh_f):
+                for j, col in cols.items():
+                    load = f"dp[ro{i} + {col}]"
+                    if row_masked:
+                        load = f"{load} * rm{i}"
+                    inner.append(f"const {self.vtype()} d{i}_{j} = {self.vbcast(load)};")
+            for i, j, v, name in self.acc_names():
+                if j in cols:
+                    inner.append(f"{name} = {self.vfma(f'd{i}_{j}', f'w{v}', name)};")
+            out.append(f"for (int ci = 0; ci < {p.ic_bn}; ++ci) {{")
+            out += indent(inner)
+            out.append("}")
+            return out
+
+        kw_lines: list[str] = []
+        if op.kw == 1:
+            kw_lines = ["{", *indent(kw_step(0)), "}"]
+        elif p.unroll_kw or x0 is not None:
+            for s in range(op.kw):
+                step = kw_step(s)
+                if step:
+                    kw_lines += ["{", *indent(step), "}"]
+        else:
+            kw_lines = [f"for (int s = 0; s < {op.kw}; ++s) {{", *indent(kw_step("s")), "}"]
+        r_loop = [f"for (int r = 0; r < {op.kh}; ++r) {{", *indent(rows + kw_lines), "}"]
+        return [
+            f"for (int cb = 0; cb < {p.cb}; ++cb) {{",
+            f"  GLOBAL const float* dc = dn + cb * {p.ic_bn * hw};",
+            f"  GLOBAL const float* wc = wk + cb * {op.kh * op.kw * wstep};",
+            *indent(r_loop),
+            "}",
+        ]
+
+    def store(self) -> list[str]:
+        op, p = self.op, self.p
+        out = []
+        for v in range(p.nvec):
+            for e in range(p.vec):
+                lines = [f"const int k = kb * {p.oc_bn} + {v * p.vec + e};",
+                         f"const int o0 = ((n * {op.co} + k) * {op.oh} + oh0) * {op.ow} + ow0;"]
+                for i in range(p.oh_f):
+                    stores = []
+                    for j in range(p.reg_n):
+                        o = f"o0 + {i * op.ow + j}"
+                        value = self.epilogue.c_expr(self.velem(f"acc_{i}_{j}_{v}", e),
+                                                     "bias[k]", f"residual[{o}]")
+                        stores.append(f"out[{o}] = {value};")
+                    if i and p.row_tail:
+                        lines += [f"if (oh0 + {i} < {op.oh}) {{", *indent(stores), "}"]
+                    else:
+                        lines += stores
+                out += ["{", *indent(lines), "}"]
+        return out
+
+
+TEMPLATE = Conv2dNCHWc()
