@@ -56,7 +56,7 @@ from compiler.records.choose import THIS_DEVICE
 from compiler.runtime import Device, open_device
 from compiler.runtime.measure import (
     MeasureRequest,
-    _operands,
+    task_operands,
     max_abs_error_ok,
     measure,
 )
@@ -286,7 +286,7 @@ def run_layer(layer: Layer, device: Device, source: RecordSource | None, options
     log(f"{CONV_GPU} {note}: {gf(row.gpu)}")
 
     # the very arrays (and numpy reference) the measurer gave the CPU template's kernels
-    inputs, reference = _operands(CONV_CPU, layer.cpu, Epilogue(), args.seed)
+    inputs, reference = task_operands(CONV_CPU, layer.cpu, Epilogue(), args.seed)
     row.ort, row.ort_max_err = time_onnxruntime(layer.op, inputs, reference(), options,
                                                 args.ort_threads)
     log(f"onnxruntime: {gf(row.ort)} (max |ort - numpy| {row.ort_max_err:.2e})")

@@ -48,7 +48,7 @@ def max_abs_error_ok(out: np.ndarray, ref: np.ndarray, options: MeasureOptions) 
 
 
 @lru_cache(maxsize=4)
-def _operands(template_name: str, workload: Workload, epilogue: Epilogue,
+def task_operands(template_name: str, workload: Workload, epilogue: Epilogue,
               seed: int) -> tuple[list[np.ndarray], Callable[[], np.ndarray]]:
     """Inputs and (lazily) the numpy reference of a task, kept across its trials: the
     float64 reference of a large conv takes seconds, longer than building the kernel."""
@@ -87,7 +87,7 @@ def measure(device: Device, request: MeasureRequest,
     except BuildError as err:
         return fail(MeasureErrorNo.COMPILE_DEVICE, f"device compiler failed: {err}")
     stage("run")
-    arrays, reference = _operands(request.template, request.workload, request.epilogue,
+    arrays, reference = task_operands(request.template, request.workload, request.epilogue,
                                   request.seed)
     out_shape = template.output_shape(request.workload)
     try:
