@@ -28,6 +28,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
+from compiler.templates import get_template
 from schemas import MeasureErrorNo, MeasureInput, MeasureResult, Record, Target, Workload
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 
@@ -924,6 +925,19 @@ def test_metrics(make_api: Callable[..., Api]) -> None:
     assert after["tuner_lease_expiries_total"] == 1
     assert after["tuner_queue_depth"] == 3
     assert after["tuner_records"] == 1 and not math.isnan(after["tuner_trials_per_second"])
+
+
+def test_first_plan_starts_with_the_templates_default_config(
+        make_api: Callable[..., Api]) -> None:
+    """What an untuned build runs is always measured, so tuning never makes it slower."""
+    api = make_api("sql")
+    job_id = api.submit(job_body(n_trial=4))
+    assert api.run_pass().planned == 4
+    trials = job_trials(api.db, job_id)
+    template = get_template(DENSE)
+    workload = Workload(template=DENSE, args=DENSE_ARGS)
+    assert trials[0].config_index == template.default_config(workload).index
+    assert len({t.config_index for t in trials}) == 4
 
 
 def test_early_stopping_ends_the_task_and_withdraws_its_plan(

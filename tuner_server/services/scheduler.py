@@ -73,7 +73,16 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow,
     visited = set(session.scalars(select(TrialRow.config_index)
                                   .where(TrialRow.task_id == task.id)))
     history = _history(session, task.id) if tuner.needs_history else []
-    configs = tuner.next_batch(want, visited, history)
+    configs: list[Config] = []
+    if not visited:
+        # The template's fallback goes first: what an untuned build runs is then always
+        # among the candidates, so a tuned build is never slower than an untuned one.
+        default = tuner.template.default_config(workload)
+        if tuner.fits(default):
+            configs.append(default)
+            visited.add(default.index)
+    if want > len(configs):
+        configs += tuner.next_batch(want - len(configs), visited, history)
     if not configs and outstanding == 0:
         task.status = "done"  # the valid space is exhausted
         return []
