@@ -1,5 +1,8 @@
 """ResNet-50's 3x3 convolutions: our conv2d template on OpenCL vs onnxruntime's Conv.
 
+(``bench/templates.py cpu-layers [options]`` runs ``bench/layers.py``: every ResNet-50
+conv layer with the CPU template ``conv2d_NCHWc.x86``, tuned, against onnxruntime.)
+
 For each layer, in one run: GFLOP/s of ``conv2d_nchw.cuda``'s default (fallback) config,
 of the best of N random configs (drawn as the tuner draws them, fitted to the device's
 limits), and of onnxruntime's Conv (CPUExecutionProvider) on the same shape and the
@@ -288,4 +291,11 @@ def _cpu_model() -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["cpu-layers"]:
+        # every ResNet-50 conv layer with the CPU template, tuned records from the bench
+        # database, against onnxruntime: bench/layers.py, reached from here as well
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from layers import main as layers_main
+
+        sys.exit(layers_main(sys.argv[2:]))
     sys.exit(main())
