@@ -1,9 +1,10 @@
 """model + target + records -> a module that runs on the device.
 
 The pipeline: import (ONNX) -> optimize (fold constants and batch-norm, fuse epilogues)
--> extract tasks -> pick each task's config (records fallback chain) -> lower every op
-to a kernel (templates for conv2d/dense, plain kernels for the rest) -> plan buffers and
-build the kernels in a graph executor.
+-> extract tasks -> pick each task's config (records fallback chain) -> plan the
+physical layout of every value (blocked NCHW[x]c between CPU-template convolutions) ->
+lower every op to a kernel (templates for conv2d/dense, plain kernels for the rest) ->
+plan buffers and build the kernels in a graph executor.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from compiler.records import (
 from compiler.runtime import Device, open_device
 from compiler.runtime.executor import BenchmarkResult, GraphExecutor, Program, Step, StepTime
 from compiler.tasks import Task, candidates, extract_tasks
-from compiler.templates import Epilogue, get_template
+from compiler.templates import Epilogue, IOLayout, get_template
 from schemas import DeviceLimits, Target
 
 log = logging.getLogger(__name__)
@@ -76,11 +77,13 @@ def load_graph(model: Model) -> Graph:
 
 def build(model: Model, target: str | Target | None = None,
           records: RecordSource | None = None, device: Device | None = None,
-          optimized: bool = False) -> Module:
+          optimized: bool = False, blocked_layout: bool = True) -> Module:
     """Compile ``model`` for the local device matching ``target`` (or ``device``).
 
     ``records`` supplies tuned configs; without it every task runs its template's default.
-    ``optimized``: ``model`` is a graph the passes already ran on.
+    ``optimized``: ``model`` is a graph the passes already ran on. ``blocked_layout``:
+    keep activations in NCHW[x]c between CPU-template convolutions (``plan_layouts``);
+    False stores every value in plain NCHW (to compare, or to read intermediates).
     """
     if device is None:
         device = open_device(target=str(target) if target is not None else None)
@@ -88,7 +91,7 @@ def build(model: Model, target: str | Target | None = None,
     if not optimized:
         graph = optimize(graph)
     plan, tasks, choices = select_layers(graph, device.target, records, device.limits)
-    program = lower(graph, plan, device.dialect)
+    program = lower(graph, plan, device.dialect, blocked_layout=blocked_layout)
     module = Module(graph, tasks, choices, program, GraphExecutor(program, device), device)
     served = Counter(c.source for c in choices)
     if served[DEFAULT] or served[OTHER_DEVICE]:
@@ -130,11 +133,51 @@ def select_layers(graph: Graph, target: Target, records: RecordSource | None,
     return plan, chosen, [by_key[t.workload.key] for t in chosen]
 
 
-def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str) -> Program:
+def _residual_index(node: Node) -> int | None:
+    """Position of a fused conv's residual among its inputs (the last one), if any."""
+    return len(node.inputs) - 1 if "add" in tuple(node.attr("epilogue", ())) else None
+
+
+def plan_layouts(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, int]:
+    """The channel block each value is stored in (NCHW[b]c; values not listed are plain
+    NCHW), as AutoTVM's alter_op_layout keeps NCHW[x]c between x86 convolutions.
+
+    A layer whose chosen template has ``blocked_io`` (a CPU conv) writes its output in
+    the block its config prefers (``Template.out_block``: oc_bn) when every live reader
+    of that output is such a layer reading it as its data or as its fused residual; if
+    any other op reads it, or it is a graph output, it writes plain NCHW. So a
+    non-blocked op only ever sees plain NCHW, and no layout_transform op is needed at
+    all: the producer itself writes what its readers take, and each blocked layer reads
+    its data and residual in whatever block their producers wrote."""
+    users = graph.users()
+    blocked: dict[Node, int] = {}  # layers that can read and write blocked values
+    for node, choice in plan.items():
+        template = get_template(choice.workload.template)
+        if template.blocked_io:
+            blocked[node] = template.out_block(choice.workload, choice.config)
+
+    def takes_blocked(reader: Node | None, value: Node) -> bool:
+        if reader is None or reader not in blocked:
+            return False
+        slots = {i for i, arg in enumerate(reader.inputs) if arg is value}
+        return slots <= {0, _residual_index(reader)}
+
+    return {node: block for node, block in blocked.items()
+            if block and users[node] and all(takes_blocked(u, node) for u in users[node])}
+
+
+def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
+          blocked_layout: bool = True) -> Program:
     """One step per op: conv2d/dense layers in ``plan`` run their template with the
     chosen config; reshapes alias their input; everything else gets a plain kernel. No
     device needed: the same program lowers to CUDA C for a GPU machine as to OpenCL C
-    here."""
+    here.
+
+    With ``blocked_layout`` the values ``plan_layouts`` picks are stored in NCHW[x]c
+    (their type stays NCHW: the executor only checks element counts); each blocked-io
+    layer is generated for the layouts of its data, residual and output
+    (``Program.blocks`` lists the blocked values). Only layers that write and read them
+    touch blocked values, so there are no layout_transform steps."""
     ids: dict[Node, int] = {}
     program = Program(values=[], inputs=[], outputs=[], constants={}, steps=[], aliases={})
 
@@ -144,6 +187,7 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str) -> Program:
             program.values.append(node.ty)
         return ids[node]
 
+    layouts = plan_layouts(graph, plan) if blocked_layout else {}
     live = graph.live()
     for node in graph.inputs:
         program.inputs.append((node.name, value_id(node)))
@@ -163,8 +207,20 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str) -> Program:
         if choice is not None:
             workload = choice.workload
             template = get_template(workload.template)
-            kernel = template.codegen(workload, choice.config, dialect,
-                                      Epilogue(tuple(node.attr("epilogue", ()))))
+            epilogue = Epilogue(tuple(node.attr("epilogue", ())))
+            io = None
+            if template.blocked_io and layouts:
+                residual = _residual_index(node)
+                io = IOLayout(
+                    data_block=layouts.get(node.inputs[0], 0),
+                    out_block=layouts.get(node, 0),
+                    residual_block=(0 if residual is None
+                                    else layouts.get(node.inputs[residual], 0)))
+                if io.out_block:
+                    program.blocks[vid] = io.out_block
+                if io.plain:
+                    io = None
+            kernel = template.codegen(workload, choice.config, dialect, epilogue, io)
             if template.packs_weight:  # the packed copy is this step's own constant
                 weight = node.inputs[1].value
                 assert weight is not None, "templates that pack weights need constant ones"

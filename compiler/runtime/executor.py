@@ -43,6 +43,9 @@ class Program:
     steps: list[Step]
     # value id -> value id whose storage it shares (reshape / flatten: no copy)
     aliases: dict[int, int] = field(default_factory=dict)
+    # value id -> channel block b of a value stored in NCHW[b]c (its type stays NCHW;
+    # only the template kernels that write and read it know); absent: plain NCHW
+    blocks: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,56 @@ class Epilogue:
 
 
 @dataclass(frozen=True)
+class IOLayout:
+    """Physical layout of a kernel's activations (data input, output, fused residual):
+    0 is plain NCHW; ``b`` > 0 is NCHW[b]c, the blocked layout of AutoTVM's x86
+    schedules: shape [N, C/b, H, W, b], element (n, c, h, w) at
+    ((((n * (C/b) + c // b) * H + h) * W + w) * b + c % b. The graph's types stay NCHW
+    (the element count is the same); only templates with ``blocked_io`` accept b > 0."""
+
+    data_block: int = 0
+    out_block: int = 0
+    residual_block: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("data_block", "out_block", "residual_block"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"IOLayout.{name} must be an integer >= 0, got {value!r}")
+
+    @property
+    def plain(self) -> bool:
+        return not (self.data_block or self.out_block or self.residual_block)
+
+
+def blocked_shape(shape: tuple[int, ...], block: int, what: str = "tensor") -> tuple[int, ...]:
+    """The physical shape of an NCHW ``shape`` stored in NCHW[block]c (itself when 0)."""
+    if not block:
+        return tuple(shape)
+    n, c, *rest = shape
+    if c % block:
+        raise ValueError(f"{what}: channel block {block} does not divide its {c} channels")
+    return (n, c // block, *rest, block)
+
+
+def to_blocked(array: np.ndarray, block: int) -> np.ndarray:
+    """NCHW -> NCHW[block]c (a copy; ``array`` itself when ``block`` is 0)."""
+    if not block:
+        return array
+    n, c, *rest = array.shape
+    blocked = array.reshape(n, c // block, block, *rest)
+    return np.ascontiguousarray(np.moveaxis(blocked, 2, -1))
+
+
+def from_blocked(array: np.ndarray, block: int) -> np.ndarray:
+    """NCHW[block]c (5-D, or flat with ``block``'s shape implied) -> NCHW."""
+    if not block:
+        return array
+    n, cb, *rest, b = array.shape
+    return np.ascontiguousarray(np.moveaxis(array, -1, 2)).reshape(n, cb * b, *rest)
+
+
+@dataclass(frozen=True)
 class Buffer:
     """One kernel argument: an array of ``shape`` read (``in``) or written (``out``)."""
 
@@ -102,6 +152,9 @@ class Template(ABC):
     name: str
     # index of the output's channel axis, where a fused bias broadcasts
     channel_axis: int = 1
+    # Templates whose kernel can read its data and residual and write its output in
+    # NCHW[b]c (``IOLayout``) set this; their ``_codegen`` takes an ``io`` argument.
+    blocked_io: bool = False
 
     def space(self, workload: Workload) -> ConfigSpace:
         return _space_of(self, workload)
@@ -142,12 +195,20 @@ class Template(ABC):
     def _codegen(self, op: Any, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel: ...
 
     def codegen(self, workload: Workload, config: Config, dialect: str = "opencl",
-                epilogue: Epilogue = Epilogue()) -> Kernel:
+                epilogue: Epilogue = Epilogue(), io: IOLayout | None = None) -> Kernel:
+        """The kernel of ``config``; ``io`` asks for blocked activations (templates with
+        ``blocked_io`` only; plain NCHW when omitted)."""
         if dialect not in DIALECTS:
             raise ValueError(f"dialect {dialect!r} is not one of {', '.join(DIALECTS)}")
+        if io is not None and not self.blocked_io and not io.plain:
+            raise ValueError(f"{self.name} reads and writes plain NCHW only; it cannot "
+                             f"generate a kernel for {io}")
         op = self.parse(workload)
         knobs = self.decode(workload, config)
-        kernel = self._codegen(op, knobs, epilogue)
+        if io is not None and self.blocked_io:
+            kernel = self._codegen(op, knobs, epilogue, io=io)  # type: ignore[call-arg]
+        else:
+            kernel = self._codegen(op, knobs, epilogue)
         return Kernel(
             source=with_prelude(kernel.source, dialect),
             entry=kernel.entry,
@@ -180,6 +241,11 @@ class Template(ABC):
         """The weight as the kernel reads it: a constant transform the compiler does once
         at build time (as Winograd's filter transform), and the measurer before a trial."""
         return weight
+
+    def out_block(self, workload: Workload, config: Config) -> int:
+        """The channel block a ``blocked_io`` template writes its output in when its
+        readers can take it (0: plain NCHW): the compiler's layout plan asks this."""
+        return 0
 
     def kernel_inputs(self, workload: Workload, config: Config,
                       arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -218,12 +284,15 @@ def _space_of(template: Template, workload: Workload) -> ConfigSpace:
 
 
 def epilogue_buffers(epilogue: Epilogue, out_shape: tuple[int, ...],
-                     channel_axis: int) -> list[Buffer]:
+                     channel_axis: int, residual_shape: tuple[int, ...] | None = None
+                     ) -> list[Buffer]:
+    """Bias and residual buffers; ``residual_shape`` is the residual's physical shape
+    when it differs from the output's (a blocked layout)."""
     bufs = []
     if "bias" in epilogue.ops:
         bufs.append(Buffer("bias", (out_shape[channel_axis],)))
     if "add" in epilogue.ops:
-        bufs.append(Buffer("residual", out_shape))
+        bufs.append(Buffer("residual", residual_shape or out_shape))
     return bufs
 
 
@@ -251,4 +320,5 @@ def int_pair(arg: Any, what: str, length: int = 2, minimum: int = 1) -> tuple[in
     return tuple(arg)
 
 
-__all__ = ["Buffer", "ConfigError", "Epilogue", "Kernel", "Template", "WorkloadError"]
+__all__ = ["Buffer", "ConfigError", "Epilogue", "IOLayout", "Kernel", "Template",
+           "WorkloadError", "blocked_shape", "from_blocked", "to_blocked"]

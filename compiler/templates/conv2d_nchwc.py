@@ -3,8 +3,15 @@
 AutoTVM's x86 template blocks channels (NCHW[x]c data, OIHW[x]i[y]o weights) and keeps a
 row of ``reg_n`` output x positions times ``oc_bn`` output channels in vector registers.
 Here the weight is packed once (``pack_weight``: [K/oc_bn][C/ic_bn][R][S][ic_bn][oc_bn],
-a constant transform the compiler does at build time and the measurer before a trial);
-data is read and the output written in plain NCHW, which the compiler keeps between ops.
+a constant transform the compiler does at build time and the measurer before a trial).
+Activations are plain NCHW by default; ``codegen(..., io=IOLayout(...))`` reads the data
+in NCHW[data_block]c, writes the output in NCHW[out_block]c and reads a fused residual
+in NCHW[residual_block]c (``blocked_io``): the compiler keeps that layout between
+consecutive convolutions (``compiler/build_module.py``). A data block is any divisor of
+C, independent of ic_bn (the data loads are scalar; only their index math changes);
+with out_block = oc_bn each accumulator vector is one vector store (and the epilogue
+runs on vectors when the residual is blocked the same way), any other block stores
+lane by lane.
 
 Kernel: one work-item per (image and output-channel block, ``tile_oh`` output rows, block
 of ``reg_n`` output x); its accumulators ``acc[tile_oh][reg_n][oc_bn / vec]`` are
@@ -44,9 +51,11 @@ import numpy as np
 from compiler.templates.base import (
     Buffer,
     Epilogue,
+    IOLayout,
     Kernel,
     Template,
     WorkloadError,
+    blocked_shape,
     epilogue_buffers,
 )
 from compiler.templates.emit import indent, signature
@@ -73,6 +82,7 @@ def default_vec(oc_bn: int) -> int:
 class Conv2dNCHWc(Template):
     name = "conv2d_NCHWc.x86"
     packs_weight = True
+    blocked_io = True
 
     def parse(self, workload: Workload) -> Conv2dOp:
         args = workload.args
@@ -136,6 +146,11 @@ class Conv2dNCHWc(Template):
         w = np.asarray(weight, dtype=np.float32).reshape(
             op.co // oc_bn, oc_bn, op.c // ic_bn, ic_bn, op.kh, op.kw)
         return np.ascontiguousarray(w.transpose(0, 2, 4, 5, 3, 1))
+
+    def out_block(self, workload: Workload, config: Config) -> int:
+        """oc_bn: with it as the output's channel block, every accumulator vector is one
+        contiguous vector store (AutoTVM's NCHW[oc_bn]c output)."""
+        return int(self.decode(workload, config)["tile_oc"][1])
 
     def default_config(self, workload: Workload) -> Config:
         """AutoTVM's x86 fallback, shaped for this kernel: oc_bn the largest factor of K
@@ -205,18 +220,25 @@ class Conv2dNCHWc(Template):
         )
         return feats
 
-    def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel:
+    def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue,
+                 io: IOLayout = IOLayout()) -> Kernel:
         p = _Plan(op, knobs)
         if p.oc_bn % p.vec:
             raise ConfigError(f"vec {p.vec} does not divide the output-channel block {p.oc_bn}")
+        if io.residual_block and "add" not in epilogue.ops:
+            raise ValueError(f"residual_block {io.residual_block}: the epilogue "
+                             f"{epilogue.ops} reads no residual")
         out_shape = op.output_shape
-        extra = epilogue_buffers(epilogue, out_shape, 1)
-        source = _Source(op, p, epilogue, [b.name for b in extra]).lines()
+        data_shape = blocked_shape(op.input_shapes[0], io.data_block, "data")
+        out_phys = blocked_shape(out_shape, io.out_block, "output")
+        residual_shape = blocked_shape(out_shape, io.residual_block, "residual")
+        extra = epilogue_buffers(epilogue, out_shape, 1, residual_shape)
+        source = _Source(op, p, epilogue, [b.name for b in extra], io).lines()
         buffers = (
-            Buffer("data", op.input_shapes[0]),
+            Buffer("data", data_shape),
             Buffer("weight", (p.kb, p.cb, op.kh, op.kw, p.ic_bn, p.oc_bn)),
             *extra,
-            Buffer("out", out_shape, role="out"),
+            Buffer("out", out_phys, role="out"),
         )
         return Kernel(
             source="\n".join(source) + "\n",
@@ -225,7 +247,7 @@ class Conv2dNCHWc(Template):
             block=(p.wg, 1, 1),
             buffers=buffers,
             dialect="",
-            meta={"accumulators": p.acc, "threads": p.wg},
+            meta={"accumulators": p.acc, "threads": p.wg, "io": io},
         )
 
 
@@ -291,8 +313,9 @@ def _hex(e: int) -> str:
 class _Source:
     """The kernel body, written against the prelude's macros; vec = 1 is plain floats."""
 
-    def __init__(self, op: Conv2dOp, p: _Plan, epilogue: Epilogue, extra: list[str]) -> None:
-        self.op, self.p, self.epilogue, self.extra = op, p, epilogue, extra
+    def __init__(self, op: Conv2dOp, p: _Plan, epilogue: Epilogue, extra: list[str],
+                 io: IOLayout = IOLayout()) -> None:
+        self.op, self.p, self.epilogue, self.extra, self.io = op, p, epilogue, extra, io
 
     # vector helpers: one lane is a plain float (OpenCL has no float1)
     def vtype(self) -> str:
@@ -370,37 +393,58 @@ class _Source:
         dh, dw = op.dilation
         hw = op.h * op.w
         wstep = p.ic_bn * p.oc_bn
+        # NCHW[db]c data: a pixel is db floats apart, a channel 1 (within its block)
+        db = self.io.data_block
+        ps = db or 1
+        row = op.w * ps
         rows_checked = p.check_top or p.check_bottom
         row_masked = rows_checked and p.oh_f > 1
         rows = []
         for i in range(p.oh_f):
             if not rows_checked:
-                rows.append(f"const int ro{i} = (y{i} + r * {dh}) * {op.w};")
+                rows.append(f"const int ro{i} = (y{i} + r * {dh}) * {row};")
                 continue
             rows.append(f"const int ih{i} = y{i} + r * {dh};")
             if p.oh_f == 1:
                 rows.append(f"if (ih{i} < 0 || ih{i} >= {op.h}) continue;")
-                rows.append(f"const int ro{i} = ih{i} * {op.w};")
+                rows.append(f"const int ro{i} = ih{i} * {row};")
             else:
                 rows.append(f"const int rv{i} = ih{i} >= 0 && ih{i} < {op.h};")
-                rows.append(f"const int ro{i} = (rv{i} ? ih{i} : 0) * {op.w};")
+                rows.append(f"const int ro{i} = (rv{i} ? ih{i} : 0) * {row};")
                 rows.append(f"const float rm{i} = rv{i} ? 1.0f : 0.0f;")
+        # channel c = cb * ic_bn + ci: plain at dn + c * hw; blocked at
+        # dn + (c / db) * hw * db + c % db, simplified when one block size divides the other
+        if not db:
+            dc = f"dn + cb * {p.ic_bn * hw}"
+            dp = f"dc + ci * {hw}"
+        elif db % p.ic_bn == 0:  # an ic block lies inside one data block
+            per = db // p.ic_bn
+            dc = (f"dn + cb * {hw * db}" if per == 1 else
+                  f"dn + (cb / {per}) * {hw * db} + (cb % {per}) * {p.ic_bn}")
+            dp = "dc + ci"
+        elif p.ic_bn % db == 0:  # an ic block spans whole data blocks
+            dc = f"dn + cb * {p.ic_bn * hw}"
+            dp = f"dc + (ci / {db}) * {hw * db} + ci % {db}"
+        else:
+            dc = "dn"
+            dp = f"dn + ((cb * {p.ic_bn} + ci) / {db}) * {hw * db} + (cb * {p.ic_bn} + ci) % {db}"
 
         def kw_step(s: int | str) -> list[str]:
             out = [f"GLOBAL const float* wp = wc + (r * {op.kw} + {s}) * {wstep};"]
             cols: dict[int, str] = {}
             if x0 is None:
-                out.append(f"const int xs = x0 + {s} * {dw};" if s != 0 else "const int xs = x0;")
-                cols = {j: f"xs + {j * sw}" if j else "xs" for j in range(p.reg_n)}
+                xs = f"x0 + {s} * {dw}" if s != 0 else "x0"
+                out.append(f"const int xs = ({xs}) * {ps};" if ps > 1 else f"const int xs = {xs};")
+                cols = {j: f"xs + {j * sw * ps}" if j else "xs" for j in range(p.reg_n)}
             else:
                 assert isinstance(s, int)
                 for j in range(p.reg_n):
                     col = x0 + j * sw + s * dw
                     if 0 <= col < op.w:
-                        cols[j] = str(col)
+                        cols[j] = str(col * ps)
                 if not cols:
                     return []
-            inner = [f"GLOBAL const float* dp = dc + ci * {hw};",
+            inner = [f"GLOBAL const float* dp = {dp};",
                      f"GLOBAL const float* wq = wp + ci * {p.oc_bn};"]
             for v in range(p.nvec):
                 inner.append(f"const {self.vtype()} w{v} = {self.vload(v, 'wq')};")
@@ -431,25 +475,46 @@ class _Source:
         r_loop = [f"for (int r = 0; r < {op.kh}; ++r) {{", *indent(rows + kw_lines), "}"]
         return [
             f"for (int cb = 0; cb < {p.cb}; ++cb) {{",
-            f"  GLOBAL const float* dc = dn + cb * {p.ic_bn * hw};",
+            f"  GLOBAL const float* dc = {dc};",
             f"  GLOBAL const float* wc = wk + cb * {op.kh * op.kw * wstep};",
             *indent(r_loop),
             "}",
         ]
 
+    def element(self, block: int, k: str, i: int, j: int) -> str:
+        """Index of output element (n, k, oh0 + i, ow0 + j) in NCHW (``block`` 0) or in
+        NCHW[block]c: the output's and the residual's layouts."""
+        op = self.op
+        y = f"oh0 + {i}" if i else "oh0"
+        x = f"ow0 + {j}" if j else "ow0"
+        if not block:
+            return f"((n * {op.co} + {k}) * {op.oh} + {y}) * {op.ow} + {x}"
+        return (f"(((n * {op.co // block} + ({k}) / {block}) * {op.oh} + {y}) * {op.ow} + {x})"
+                f" * {block} + ({k}) % {block}")
+
     def store(self) -> list[str]:
-        op, p = self.op, self.p
+        if self.io.out_block == self.p.oc_bn:
+            return self.store_vectors()
+        op, p, io = self.op, self.p, self.io
+        ob, rb = io.out_block, io.residual_block
         out = []
         for v in range(p.nvec):
             for e in range(p.vec):
-                lines = [f"const int k = kb * {p.oc_bn} + {v * p.vec + e};",
-                         f"const int o0 = ((n * {op.co} + k) * {op.oh} + oh0) * {op.ow} + ow0;"]
+                lines = [f"const int k = kb * {p.oc_bn} + {v * p.vec + e};"]
+                if not ob:  # plain NCHW: rows OW apart, columns adjacent
+                    lines.append(
+                        f"const int o0 = ((n * {op.co} + k) * {op.oh} + oh0) * {op.ow} + ow0;")
+                else:
+                    lines.append(f"const int o0 = {self.element(ob, 'k', 0, 0)};")
+                if rb != ob:
+                    lines.append(f"const int r0 = {self.element(rb, 'k', 0, 0)};")
                 for i in range(p.oh_f):
                     stores = []
                     for j in range(p.reg_n):
-                        o = f"o0 + {i * op.ow + j}"
+                        o = f"o0 + {(i * op.ow + j) * (ob or 1)}"
+                        r = o if rb == ob else f"r0 + {(i * op.ow + j) * (rb or 1)}"
                         value = self.epilogue.c_expr(self.velem(f"acc_{i}_{j}_{v}", e),
-                                                     "bias[k]", f"residual[{o}]")
+                                                     "bias[k]", f"residual[{r}]")
                         stores.append(f"out[{o}] = {value};")
                     if i and p.row_tail:
                         lines += [f"if (oh0 + {i} < {op.oh}) {{", *indent(stores), "}"]
@@ -457,6 +522,64 @@ class _Source:
                         lines += stores
                 out += ["{", *indent(lines), "}"]
         return out
+
+    def store_vectors(self) -> list[str]:
+        """NCHW[oc_bn]c output: a pixel's oc_bn channels are contiguous, one vector store
+        per accumulator. The epilogue runs on vectors unless the residual is blocked
+        differently; then it is applied lane by lane before the store."""
+        op, p, io = self.op, self.p, self.io
+        bn, rb = p.oc_bn, io.residual_block
+        ops = self.epilogue.ops
+        base = f"(((n * {p.kb} + kb) * {op.oh} + oh0) * {op.ow} + ow0) * {bn}"
+        lines = [f"GLOBAL float* po = out + {base};"]
+        if "bias" in ops:
+            lines.append(f"GLOBAL const float* pb = bias + kb * {bn};")
+        lane_wise = "add" in ops and rb != bn
+        if "add" in ops and not lane_wise:
+            lines.append(f"GLOBAL const float* pr = residual + {base};")
+        for i in range(p.oh_f):
+            stores = []
+            for j in range(p.reg_n):
+                off = (i * op.ow + j) * bn
+                for v in range(p.nvec):
+                    acc = f"acc_{i}_{j}_{v}"
+                    if lane_wise:
+                        for e in range(p.vec):
+                            k = f"kb * {bn} + {v * p.vec + e}"
+                            value = self.epilogue.c_expr(
+                                self.velem(acc, e), f"bias[{k}]",
+                                f"residual[{self.element(rb, k, i, j)}]")
+                            stores.append(f"{self.velem(acc, e)} = {value};")
+                        value = acc
+                    else:
+                        value = self.vector_epilogue(acc, v, off)
+                    if p.vec == 1:
+                        stores.append(f"po[{off + v}] = {value};")
+                    else:
+                        stores.append(f"VSTORE({p.vec}, {value}, {v}, po + {off});")
+            if i and p.row_tail:
+                lines += [f"if (oh0 + {i} < {op.oh}) {{", *indent(stores), "}"]
+            else:
+                lines += stores
+        return ["{", *indent(lines), "}"]
+
+    def vector_epilogue(self, value: str, v: int, off: int) -> str:
+        """The epilogue on accumulator vector ``v`` of the pixel at ``po + off``: bias
+        lanes from ``pb``, residual lanes from ``pr`` (blocked as the output)."""
+        scalar = self.p.vec == 1  # plain floats, no vector macros
+
+        def add(a: str, b: str) -> str:
+            return f"({a} + {b})" if scalar else f"VADD({a}, {b})"
+
+        for op in self.epilogue.ops:
+            if op == "bias":
+                value = add(value, self.vload(v, "pb"))
+            elif op == "add":
+                value = add(value, self.vload(v, f"(pr + {off})"))
+            else:
+                value = (f"fmax({value}, 0.0f)" if scalar
+                         else f"VMAX({value}, {self.vbcast('0.0f')})")
+        return value
 
 
 TEMPLATE = Conv2dNCHWc()

@@ -2,8 +2,9 @@
 
 A template writes its kernel once against these names; the prelude of the chosen
 dialect maps them onto the language, so the same body runs under pycuda/NVRTC and
-pyopencl alike. CPU-class templates also use five short-float-vector macros (VEC_T,
-VBCAST, VLOAD, VFMA, VELEM): OpenCL's floatN built-ins, a small struct template in CUDA.
+pyopencl alike. CPU-class templates also use short-float-vector macros (VEC_T, VBCAST,
+VLOAD, VSTORE, VFMA, VADD, VMAX, VELEM): OpenCL's floatN built-ins, a small struct
+template in CUDA.
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ _OPENCL = """\
 #define RESTRICT restrict
 // Short float vectors for CPU-class templates (n = 2, 4, 8 or 16 lanes):
 // VEC_T(n) the type, VBCAST(n, x) x in every lane, VLOAD(n, i, p) lanes p[i*n .. i*n+n-1]
-// (no alignment needed), VFMA(a, b, c) a*b+c per lane, VELEM(v, e) lane e as a hex digit.
+// (no alignment needed), VSTORE(n, x, i, p) x into p[i*n .. i*n+n-1], VFMA(a, b, c)
+// a*b+c per lane, VADD(a, b) and VMAX(a, b) per lane, VELEM(v, e) lane e as a hex digit.
 #define VEC_T(n) float##n
 #define VBCAST(n, x) ((float##n)(x))
 #define VLOAD(n, i, p) vload##n((i), (p))
+#define VSTORE(n, x, i, p) vstore##n((x), (i), (p))
 #define VFMA(a, b, c) mad((a), (b), (c))
+#define VADD(a, b) ((a) + (b))
+#define VMAX(a, b) fmax((a), (b))
 #define VELEM(v, e) ((v).s##e)
 """
 
@@ -57,16 +62,35 @@ template <int N> __device__ __forceinline__ VecF<N> vec_load(int i, const float*
   for (int k = 0; k < N; ++k) r.s[k] = p[i * N + k];
   return r;
 }
+template <int N> __device__ __forceinline__ void vec_store(VecF<N> x, int i, float* p) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) p[i * N + k] = x.s[k];
+}
 template <int N> __device__ __forceinline__ VecF<N> vec_fma(VecF<N> a, VecF<N> b, VecF<N> c) {
   VecF<N> r;
 #pragma unroll
   for (int k = 0; k < N; ++k) r.s[k] = fmaf(a.s[k], b.s[k], c.s[k]);
   return r;
 }
+template <int N> __device__ __forceinline__ VecF<N> vec_add(VecF<N> a, VecF<N> b) {
+  VecF<N> r;
+#pragma unroll
+  for (int k = 0; k < N; ++k) r.s[k] = a.s[k] + b.s[k];
+  return r;
+}
+template <int N> __device__ __forceinline__ VecF<N> vec_max(VecF<N> a, VecF<N> b) {
+  VecF<N> r;
+#pragma unroll
+  for (int k = 0; k < N; ++k) r.s[k] = fmaxf(a.s[k], b.s[k]);
+  return r;
+}
 #define VEC_T(n) VecF<n>
 #define VBCAST(n, x) vec_bcast<n>(x)
 #define VLOAD(n, i, p) vec_load<n>((i), (p))
+#define VSTORE(n, x, i, p) vec_store<n>((x), (i), (p))
 #define VFMA(a, b, c) vec_fma((a), (b), (c))
+#define VADD(a, b) vec_add((a), (b))
+#define VMAX(a, b) vec_max((a), (b))
 #define VELEM(v, e) ((v).s[0x##e])
 """
 
