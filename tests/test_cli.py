@@ -107,12 +107,11 @@ def test_space_of_dense() -> None:
 
 
 def _split_prelude(text: str) -> tuple[list[str], list[str]]:
-    """(prelude lines: comments, blank lines and #defines before the kernel; the rest)."""
+    """(the dialect prelude: up to the #endif of its TUNER_PRELUDE guard; the kernel)."""
     lines = text.splitlines()
-    i = 0
-    while i < len(lines) and (not lines[i].strip() or lines[i].startswith(("//", "#define"))):
-        i += 1
-    return lines[:i], lines[i:]
+    assert "#ifndef TUNER_PRELUDE" in lines
+    end = lines.index("#endif", lines.index("#ifndef TUNER_PRELUDE")) + 1
+    return lines[:end], [line for line in lines[end:] if line.strip()]
 
 
 @pytest.mark.parametrize(
