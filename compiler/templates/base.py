@@ -161,23 +161,24 @@ class Template(ABC):
 
     @abstractmethod
     def parse(self, workload: Workload) -> Any:
-        """Typed operator parameters; raises WorkloadError naming the bad argument."""
+        """Typed operator parameters (an op of ``templates.ops``: shapes, FLOPs, numpy
+        reference); raises WorkloadError naming the bad argument."""
 
     @abstractmethod
     def _space(self, op: Any) -> ConfigSpace: ...
 
-    @abstractmethod
-    def flops(self, workload: Workload) -> int: ...
+    def flops(self, workload: Workload) -> int:
+        return int(self.parse(workload).flops)
 
-    @abstractmethod
-    def output_shape(self, workload: Workload) -> tuple[int, ...]: ...
+    def output_shape(self, workload: Workload) -> tuple[int, ...]:
+        return tuple(self.parse(workload).output_shape)
 
-    @abstractmethod
-    def input_shapes(self, workload: Workload) -> list[tuple[int, ...]]: ...
+    def input_shapes(self, workload: Workload) -> list[tuple[int, ...]]:
+        return list(self.parse(workload).input_shapes)
 
-    @abstractmethod
     def compute_reference(self, workload: Workload, inputs: list[np.ndarray]) -> np.ndarray:
         """The operator in numpy, float64 accumulation: what every kernel is checked against."""
+        return self.parse(workload).reference(*inputs)
 
     @abstractmethod
     def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits) -> list[str]:

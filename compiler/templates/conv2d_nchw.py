@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from compiler.templates.base import Buffer, Epilogue, Kernel, Template, epilogue_buffers
 from compiler.templates.emit import AUTO, VTHREAD, Unroll, indent, loop_nest, signature
 from compiler.templates.ops import Conv2dOp
@@ -61,18 +59,6 @@ class Conv2dNCHW(Template):
                 return space.decode(swapped)
             except ConfigError:
                 raise err from None
-
-    def flops(self, workload: Workload) -> int:
-        return self.parse(workload).flops
-
-    def output_shape(self, workload: Workload) -> tuple[int, ...]:
-        return self.parse(workload).output_shape
-
-    def input_shapes(self, workload: Workload) -> list[tuple[int, ...]]:
-        return self.parse(workload).input_shapes
-
-    def compute_reference(self, workload: Workload, inputs: list[np.ndarray]) -> np.ndarray:
-        return self.parse(workload).reference(*inputs)
 
     def default_config(self, workload: Workload) -> Config:
         """AutoTVM's fallback for the direct schedule: a thread per output, 8x8 blocks."""

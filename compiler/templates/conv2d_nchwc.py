@@ -126,18 +126,6 @@ class Conv2dNCHWc(Template):
         base = math.prod(len(k) for k in space.knobs if k.name not in OPENCL_KNOBS)
         return space.index_of(self.decode(workload, config)) % base
 
-    def flops(self, workload: Workload) -> int:
-        return self.parse(workload).flops
-
-    def output_shape(self, workload: Workload) -> tuple[int, ...]:
-        return self.parse(workload).output_shape
-
-    def input_shapes(self, workload: Workload) -> list[tuple[int, ...]]:
-        return self.parse(workload).input_shapes
-
-    def compute_reference(self, workload: Workload, inputs: list[np.ndarray]) -> np.ndarray:
-        return self.parse(workload).reference(*inputs)
-
     def pack_weight(self, workload: Workload, config: Config, weight: np.ndarray) -> np.ndarray:
         """OIHW -> [K/oc_bn][C/ic_bn][R][S][ic_bn][oc_bn] (AutoTVM's OIHW[x]i[y]o)."""
         op = self.parse(workload)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from compiler.templates.base import Buffer, Epilogue, Kernel, Template, epilogue_buffers
 from compiler.templates.emit import AUTO, VTHREAD, Unroll, indent, loop_nest, signature
 from compiler.templates.ops import DenseOp
@@ -53,18 +51,6 @@ class DenseLargeBatch(Template):
             SplitKnob("tile_y", op.out_dim, 4),
             SplitKnob("tile_k", op.in_dim, 3),
         ])
-
-    def flops(self, workload: Workload) -> int:
-        return self.parse(workload).flops
-
-    def output_shape(self, workload: Workload) -> tuple[int, ...]:
-        return self.parse(workload).output_shape
-
-    def input_shapes(self, workload: Workload) -> list[tuple[int, ...]]:
-        return self.parse(workload).input_shapes
-
-    def compute_reference(self, workload: Workload, inputs: list[np.ndarray]) -> np.ndarray:
-        return self.parse(workload).reference(*inputs)
 
     def default_config(self, workload: Workload) -> Config:
         """AutoTVM's fallback ([-1, 2, 16, 2] tiles, [-1, 8, 1] k), made exact."""

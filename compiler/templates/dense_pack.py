@@ -65,18 +65,6 @@ class DensePack(Template):
             SplitKnob("tile_k", op.in_dim, 2),
         ])
 
-    def flops(self, workload: Workload) -> int:
-        return self.parse(workload).flops
-
-    def output_shape(self, workload: Workload) -> tuple[int, ...]:
-        return self.parse(workload).output_shape
-
-    def input_shapes(self, workload: Workload) -> list[tuple[int, ...]]:
-        return self.parse(workload).input_shapes
-
-    def compute_reference(self, workload: Workload, inputs: list[np.ndarray]) -> np.ndarray:
-        return self.parse(workload).reference(*inputs)
-
     def pack_weight(self, workload: Workload, config: Config, weight: np.ndarray) -> np.ndarray:
         """[N, K] -> [N / bn][K][bn] with bn = tile_x's innermost factor (packw_bn)."""
         op = self.parse(workload)

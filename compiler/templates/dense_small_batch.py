@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from compiler.templates.base import Buffer, Epilogue, Kernel, Template, epilogue_buffers
 from compiler.templates.emit import signature
 from compiler.templates.ops import DenseOp
@@ -27,18 +25,6 @@ class DenseSmallBatch(Template):
 
     def _space(self, op: DenseOp) -> ConfigSpace:
         return ConfigSpace([SplitKnob("tile_k", op.in_dim, 2)])
-
-    def flops(self, workload: Workload) -> int:
-        return self.parse(workload).flops
-
-    def output_shape(self, workload: Workload) -> tuple[int, ...]:
-        return self.parse(workload).output_shape
-
-    def input_shapes(self, workload: Workload) -> list[tuple[int, ...]]:
-        return self.parse(workload).input_shapes
-
-    def compute_reference(self, workload: Workload, inputs: list[np.ndarray]) -> np.ndarray:
-        return self.parse(workload).reference(*inputs)
 
     def default_config(self, workload: Workload) -> Config:
         # AutoTVM's fallback is [-1, 64]; the nearest divisor keeps it in the space.
