@@ -38,7 +38,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from provenance import cpu_model, git_revision
 
 from cli.models import database_source
 from compiler.build_module import load_graph
@@ -413,9 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
     print(f"# device: {info.spec} {info.name} | platform: {info.platform} | target: {target} "
           f"({target.device_class})")
-    print(f"# host: {platform.processor() or platform.machine()} {_cpu_model()}, "
+    print(f"# host: {platform.processor() or platform.machine()} {cpu_model()}, "
           f"{os.cpu_count()} CPUs | python {platform.python_version()} | numpy {np.__version__}")
-    print(f"# code: {_git_revision()}")
+    print(f"# code: {git_revision()}")
     print(f"# model: {MODEL} (onnx light model), {len(layers)} distinct conv workloads in "
           f"{sum(len(la.nodes) for la in layers)} conv layers; {len(chosen)} rows shown")
     print(f"# records: {args.database_url} "
@@ -436,29 +436,6 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in rows
               if any(t.error for t in (r.cpu_tuned, r.cpu_default, r.gpu, r.ort))]
     return 1 if failed else 0
-
-
-def _git_revision() -> str:
-    try:
-        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--",
-                                "compiler", "schemas"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git)"
-    return f"git {rev}" + (" (compiler/ or schemas/ modified)" if dirty else "")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 if __name__ == "__main__":

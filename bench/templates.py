@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from provenance import cpu_model, git_revision
 
 from compiler.runtime import open_device
 from compiler.runtime.isolate import IsolatedMeasurer
@@ -221,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# bench/templates.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
     print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
     print(f"# device: {info.spec} {info.name} | platform: {info.platform} | target: {info.target}")
-    print(f"# host: {platform.processor() or platform.machine()} {_cpu_model()}, "
+    print(f"# host: {platform.processor() or platform.machine()} {cpu_model()}, "
           f"{os.cpu_count()} CPUs | python {platform.python_version()} | numpy {np.__version__}")
-    print(f"# code: {_git_revision()}")
+    print(f"# code: {git_revision()}")
     print(f"# onnxruntime {ort.__version__} CPUExecutionProvider, "
           f"intra_op_num_threads={args.ort_threads}")
     print(f"# template {TEMPLATE}: default config + {args.trials} random configs per layer "
@@ -262,32 +263,6 @@ def main(argv: list[str] | None = None) -> int:
               f"max |ort - numpy| = {r.ort_max_err:.2e}")
     print(f"# total {time.time() - started:.0f} s")
     return 0
-
-
-def _git_revision() -> str:
-    import subprocess
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--",
-                                "compiler", "schemas"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git)"
-    return f"git {rev}" + (" (compiler/ or schemas/ modified)" if dirty else "")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from compiler.ir import GraphBuilder, evaluate
 from compiler.passes import optimize
 from compiler.runtime.device import Device
 from compiler.runtime.measure import max_abs_error_ok
-from compiler.templates import ConfigError, Epilogue, IOLayout, get_template
+from compiler.templates import Epilogue, IOLayout, get_template
 from compiler.templates.base import blocked_shape, from_blocked, to_blocked
 from schemas import Config, DeviceLimits, MeasureOptions, Target, Workload
 

@@ -204,7 +204,7 @@ def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
 # ---- speed: printed, not asserted ----
 
 def _ort_gemm_seconds(data: np.ndarray, weight: np.ndarray, reference: np.ndarray) -> float:
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
 
