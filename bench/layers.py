@@ -34,7 +34,6 @@ resnet50`` or ``tuner tune MODEL --target 'opencl -model=pocl-cpu' --database-ur
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import statistics
@@ -45,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from provenance import cpu_model, git_revision
+from common import cpu_model, git_revision, host_seconds, onnxruntime_conv
 
 from cli.models import database_source
 from compiler.build_module import load_graph
@@ -197,49 +196,16 @@ def time_onnxruntime(op: Conv2dOp, inputs: list[np.ndarray], reference: np.ndarr
     """onnxruntime's Conv on ``inputs`` (data, OIHW weight), checked against ``reference``
     as the measurer checks kernels, and timed under the measurer's rule; the second value
     is the worst |ort - numpy|."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
     data, weight = inputs[:2]
-    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[op.kh, op.kw],
-                            pads=list(op.pad), strides=list(op.stride),
-                            dilations=list(op.dilation))
-    graph = helper.make_graph(
-        [node], "conv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(data.shape))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(op.output_shape))],
-        initializer=[numpy_helper.from_array(weight, name="w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    onnx.checker.check_model(model)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
-    feed = {"x": data}
-    got = sess.run(None, feed)[0]
+    conv = onnxruntime_conv(op, weight, threads)
+    got = conv(data)
     max_err = float(np.max(np.abs(got.astype(np.float64) - reference.astype(np.float64))))
     ok, why = max_abs_error_ok(got, reference, options)
     if not ok:
         return Timing(error=f"onnxruntime differs from numpy: {why}"), max_err
-    for _ in range(3):  # warm up
-        sess.run(None, feed)
-    number = options.number
-    if options.min_repeat_ms > 0:
-        t0 = time.perf_counter()
-        sess.run(None, feed)
-        once = time.perf_counter() - t0
-        number = max(number, math.ceil(options.min_repeat_ms / 1e3 / max(once, 1e-9)))
-    costs = []
-    for _ in range(options.repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            sess.run(None, feed)
-        costs.append((time.perf_counter() - t0) / number)
-    if len(costs) > 2:
-        costs = sorted(costs)[1:-1]
-    return Timing(seconds=statistics.fmean(costs)), max_err
+    seconds = host_seconds(lambda: conv(data), options.number, options.repeat,
+                           options.min_repeat_ms)
+    return Timing(seconds=seconds), max_err
 
 
 def run_layer(layer: Layer, device: Device, source: RecordSource | None, options: MeasureOptions,

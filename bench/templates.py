@@ -21,17 +21,15 @@ overhead (a few microseconds).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from provenance import cpu_model, git_revision
+from common import cpu_model, git_revision, host_seconds, onnxruntime_conv
 
 from compiler.runtime import open_device
 from compiler.runtime.isolate import IsolatedMeasurer
@@ -82,51 +80,16 @@ class LayerResult:
 def time_onnxruntime(workload: Workload, inputs: list[np.ndarray], reference: np.ndarray,
                      args: argparse.Namespace) -> tuple[float, float]:
     """Seconds per Conv run and the worst |ort - numpy| (checked loosely first)."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
     data, weight = inputs
     op = get_template(TEMPLATE).parse(workload)
-    out_shape = list(op.output_shape)
-    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[op.kh, op.kw],
-                            pads=list(op.pad), strides=list(op.stride),
-                            dilations=list(op.dilation))
-    graph = helper.make_graph(
-        [node], "conv3x3",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(data.shape))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
-        initializer=[numpy_helper.from_array(weight, name="w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    onnx.checker.check_model(model)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = args.ort_threads
-    so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
-    feed = {"x": data}
-    got = sess.run(None, feed)[0]
+    conv = onnxruntime_conv(op, weight, args.ort_threads)
+    got = conv(data)
     ok, why = max_abs_error_ok(got, reference, MeasureOptions(rtol=1e-3, atol=1e-3))
     if not ok:
         raise RuntimeError(f"onnxruntime's Conv does not match numpy: {why}")
     max_err = float(np.max(np.abs(got.astype(np.float64) - reference.astype(np.float64))))
-    for _ in range(3):  # warm up
-        sess.run(None, feed)
-    # the measurer's rule: raise number until one repeat lasts min_repeat_ms,
-    # then `repeat` repeats, drop the fastest and slowest, mean of the rest
-    t0 = time.perf_counter()
-    sess.run(None, feed)
-    once = time.perf_counter() - t0
-    number = max(args.number, math.ceil(args.min_repeat_ms / 1e3 / max(once, 1e-9)))
-    costs = []
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            sess.run(None, feed)
-        costs.append((time.perf_counter() - t0) / number)
-    if len(costs) > 2:
-        costs = sorted(costs)[1:-1]
-    return statistics.fmean(costs), max_err
+    seconds = host_seconds(lambda: conv(data), args.number, args.repeat, args.min_repeat_ms)
+    return seconds, max_err
 
 
 def run_layer(layer: str, measurer: IsolatedMeasurer, limits, args: argparse.Namespace,

@@ -13,7 +13,6 @@ from rich.table import Table
 
 from cli.common import fail
 from cli.db import DATABASE_URL, resolve_url
-from compiler.frontend import FrontendError
 from compiler.ir import Graph, IRError, print_graph
 from compiler.records import (
     MemorySource,
@@ -45,7 +44,8 @@ def parse_target(text: str) -> Target:
 
 
 def import_model(path: Path) -> Graph:
-    from compiler.frontend import import_onnx
+    # onnx loads only for the commands that read a model, not at every `tuner` start
+    from compiler.frontend import FrontendError, import_onnx
 
     try:
         return import_onnx(path)

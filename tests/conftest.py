@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
+import subprocess
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,14 +15,52 @@ import pytest
 from compiler.runtime.device import Device
 from compiler.runtime.isolate import IsolatedMeasurer
 from compiler.runtime.measure import MeasureRequest
-from schemas import MeasureResult, Workload
+from compiler.templates import get_template
+from schemas import Config, MeasureResult, Workload
+
+# Every CUDA source a test writes is compiled for this GPU generation (no GPU needed).
+NVCC = shutil.which("nvcc") or shutil.which("/usr/local/bin/nvcc")
+NVCC_ARGS = ("-ptx", "-arch=sm_80")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found: CUDA sources not compiled")
+
+
+def nvcc_ptx(source: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``nvcc -ptx -arch=sm_80 SOURCE -o SOURCE.ptx``."""
+    assert NVCC is not None
+    return subprocess.run([NVCC, *NVCC_ARGS, str(source), "-o", str(source.with_suffix(".ptx"))],
+                          capture_output=True, text=True, timeout=timeout)
 
 REPO = Path(__file__).resolve().parents[1]
 TOPHUB_DIR = REPO.parent / "shared" / "data" / "tophub"
 
 CONV = "conv2d_nchw.cuda"
+CONV_CPU = "conv2d_NCHWc.x86"
 DENSE_SMALL = "dense_small_batch.gpu"
 DENSE_LARGE = "dense_large_batch.gpu"
+
+
+def nchwc_workload(n: int, c: int, hw: int, co: int, k: int, stride: int, pad: int) -> Workload:
+    """A square conv2d as AutoTVM's conv2d_NCHWc.x86 task writes it (8 args, NCHW)."""
+    return Workload(template=CONV_CPU, args=[
+        ["TENSOR", [n, c, hw, hw], "float32"], ["TENSOR", [co, c, k, k], "float32"],
+        [stride, stride], [pad, pad, pad, pad], [1, 1], "NCHW", "NCHW", "float32"])
+
+
+def nchwc_config(wl: Workload, **values: object) -> Config:
+    """A conv2d_NCHWc.x86 config from inner factors (tile_ic=ic_bn, tile_oc=oc_bn,
+    tile_ow=reg_n) and other knobs; vec 16, wg 1 and kw unrolled unless given."""
+    template = get_template(CONV_CPU)
+    op = template.parse(wl)
+    full: dict[str, object] = {"vec": 16, "wg": 1}
+    if op.kh == 1 and op.kw == 1:
+        full["tile_oh"] = 1
+    else:
+        full["unroll_kw"] = True
+    for name, extent in (("tile_ic", op.c), ("tile_oc", op.co), ("tile_ow", op.ow)):
+        inner = values.pop(name)
+        full[name] = (extent // inner, inner)  # type: ignore[operator]
+    full.update(values)
+    return template.space(wl).to_config(full)
 
 
 def conv_workload(n: int, c: int, hw: int, co: int, k: int, stride: int, pad: int) -> Workload:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import random
 import re
-import shutil
-import subprocess
 import zlib
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import nchwc_config, nchwc_workload, needs_nvcc, nvcc_ptx
 
 from compiler.build_module import Module, build, load_graph, plan_layouts, select_layers
 from compiler.ir import GraphBuilder, evaluate
@@ -43,34 +42,14 @@ CONFIGS_PER_WORKLOAD = 4
 BLOCKS = (0, 4, 8, 16)  # and each config's oc_bn
 
 
-def nchwc_workload(c: int, hw: int, co: int, k: int, stride: int, pad: int) -> Workload:
-    return Workload(template=NAME, args=[
-        ["TENSOR", [1, c, hw, hw], "float32"], ["TENSOR", [co, c, k, k], "float32"],
-        [stride, stride], [pad, pad, pad, pad], [1, 1], "NCHW", "NCHW", "float32"])
-
-
 # ResNet-50: stage 2's padded 3x3 (border copies), v1.5's stride-2 3x3, a stage-4 1x1
 # and stage 5's 7x7 1x1 (odd height: a tile_oh = 2 tail).
 WORKLOADS: dict[str, Workload] = {
-    "res2.3x3": nchwc_workload(64, 56, 64, 3, 1, 1),
-    "res3a.3x3s2": nchwc_workload(128, 56, 128, 3, 2, 1),
-    "res4.1x1": nchwc_workload(1024, 14, 256, 1, 1, 0),
-    "res5.1x1": nchwc_workload(2048, 7, 512, 1, 1, 0),
+    "res2.3x3": nchwc_workload(1, 64, 56, 64, 3, 1, 1),
+    "res3a.3x3s2": nchwc_workload(1, 128, 56, 128, 3, 2, 1),
+    "res4.1x1": nchwc_workload(1, 1024, 14, 256, 1, 1, 0),
+    "res5.1x1": nchwc_workload(1, 2048, 7, 512, 1, 1, 0),
 }
-
-
-def make_config(wl: Workload, **values: object) -> Config:
-    op = TEMPLATE.parse(wl)
-    full: dict[str, object] = {"vec": 16, "wg": 1}
-    if op.kh == op.kw == 1:
-        full["tile_oh"] = 1
-    else:
-        full["unroll_kw"] = True
-    for name, extent in (("tile_ic", op.c), ("tile_oc", op.co), ("tile_ow", op.ow)):
-        inner = values.pop(name)
-        full[name] = (extent // inner, inner)  # type: ignore[operator]
-    full.update(values)
-    return TEMPLATE.space(wl).to_config(full)
 
 
 def blocks_for(channels: int, oc_bn: int) -> list[int]:
@@ -198,23 +177,23 @@ def test_other_epilogues_border_copies_and_odd_blocks(device: Device) -> None:
     """Epilogues without a residual or with relu before it; border blocks of the 7x7
     stem; a layer whose channel blocks do not nest (ic_bn 6 against data block 8,
     oc_bn 8 against out block 12): the general index paths."""
-    stem = nchwc_workload(8, 30, 16, 7, 2, 3)
-    odd = nchwc_workload(24, 10, 24, 3, 1, 1)
+    stem = nchwc_workload(1, 8, 30, 16, 7, 2, 3)
+    odd = nchwc_workload(1, 24, 10, 24, 3, 1, 1)
     wl3 = WORKLOADS["res2.3x3"]
     runs = [
-        (wl3, make_config(wl3, tile_ic=16, tile_oc=16, tile_ow=8, vec=8, wg=2),
+        (wl3, nchwc_config(wl3, tile_ic=16, tile_oc=16, tile_ow=8, vec=8, wg=2),
          Epilogue(("bias", "relu")), IOLayout(16, 16)),
-        (wl3, make_config(wl3, tile_ic=8, tile_oc=32, tile_ow=7, vec=4, unroll_kw=False),
+        (wl3, nchwc_config(wl3, tile_ic=8, tile_oc=32, tile_ow=7, vec=4, unroll_kw=False),
          Epilogue(("relu", "add")), IOLayout(4, 32, 16)),
-        (wl3, make_config(wl3, tile_ic=4, tile_oc=8, tile_ow=4, vec=1),
+        (wl3, nchwc_config(wl3, tile_ic=4, tile_oc=8, tile_ow=4, vec=1),
          FULL, IOLayout(16, 8, 8)),
-        (stem, make_config(stem, tile_ic=8, tile_oc=16, tile_ow=1, unroll_kw=False),
+        (stem, nchwc_config(stem, tile_ic=8, tile_oc=16, tile_ow=1, unroll_kw=False),
          Epilogue(), IOLayout(4, 16)),
-        (stem, make_config(stem, tile_ic=2, tile_oc=4, tile_ow=15, vec=4),
+        (stem, nchwc_config(stem, tile_ic=2, tile_oc=4, tile_ow=15, vec=4),
          FULL, IOLayout(8, 4, 16)),
-        (odd, make_config(odd, tile_ic=6, tile_oc=8, tile_ow=5, vec=8),
+        (odd, nchwc_config(odd, tile_ic=6, tile_oc=8, tile_ow=5, vec=8),
          FULL, IOLayout(8, 12, 6)),
-        (odd, make_config(odd, tile_ic=6, tile_oc=8, tile_ow=10, vec=2, unroll_kw=False),
+        (odd, nchwc_config(odd, tile_ic=6, tile_oc=8, tile_ow=10, vec=2, unroll_kw=False),
          FULL, IOLayout(12, 8, 3)),
     ]
     failures = []
@@ -226,11 +205,10 @@ def test_other_epilogues_border_copies_and_odd_blocks(device: Device) -> None:
     assert not failures, "\n".join(failures)
 
 
-NVCC = shutil.which("nvcc")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: CUDA sources not compiled")
+@needs_nvcc
 def test_blocked_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
     """The vector stores and vector epilogue through the CUDA prelude."""
     sources = []
@@ -240,9 +218,7 @@ def test_blocked_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
             sources.append(k.source.replace(k.entry, f"{k.entry}_{len(sources)}"))
     path = tmp_path / "blocked.cu"
     path.write_text(sources[0] + "\n".join(s[s.index("KERNEL void"):] for s in sources[1:]))
-    proc = subprocess.run([NVCC, "-ptx", "-arch=sm_80", str(path), "-o",
-                           str(path.with_suffix(".ptx"))], capture_output=True, text=True,
-                          timeout=600)
+    proc = nvcc_ptx(path, timeout=600)
     assert proc.returncode == 0, proc.stderr[:3000]
     entries = set(re.findall(r"\.entry\s+(\w+)", path.with_suffix(".ptx").read_text()))
     assert len(entries) == len(sources)

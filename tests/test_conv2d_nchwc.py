@@ -17,15 +17,22 @@ from __future__ import annotations
 import json
 import random
 import re
-import shutil
-import subprocess
 import zlib
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TOPHUB_DIR, MeasurePool, describe_failures
+from conftest import (
+    NVCC_ARGS,
+    TOPHUB_DIR,
+    MeasurePool,
+    describe_failures,
+    nchwc_config,
+    nchwc_workload,
+    needs_nvcc,
+    nvcc_ptx,
+)
 
 from compiler.runtime.device import Device
 from compiler.runtime.measure import MeasureRequest, measure
@@ -42,13 +49,6 @@ CPU_LIMITS = DeviceLimits(max_threads_per_block=4096, max_thread_x=4096, max_thr
                           max_thread_z=4096, max_local_elements=256)
 LLVM_LOG = TOPHUB_DIR / "llvm_v0.04.log"
 TOPHUB_RECORDS = 35
-
-
-def nchwc_workload(n: int, c: int, hw: int, co: int, k: int, stride: int, pad: int) -> Workload:
-    """A square conv2d as AutoTVM's conv2d_NCHWc.x86 task writes it (8 args, NCHW)."""
-    return Workload(template=NAME, args=[
-        ["TENSOR", [n, c, hw, hw], "float32"], ["TENSOR", [co, c, k, k], "float32"],
-        [stride, stride], [pad, pad, pad, pad], [1, 1], "NCHW", "NCHW", "float32"])
 
 
 # ResNet-50 (stem, 3x3 of stage 2 = the perf layer, stride-2 3x3 of v1.5's stage 3, the
@@ -78,21 +78,6 @@ def draw_configs(name: str, count: int = CONFIGS_PER_WORKLOAD) -> tuple[Config, 
         config = TEMPLATE.random_config(wl, rng, CPU_LIMITS)
         found.setdefault(config.index, config)
     return tuple(found.values())
-
-
-def make_config(wl: Workload, **values: object) -> Config:
-    """A config from inner factors: tile_ic=ic_bn, tile_oc=oc_bn, tile_ow=reg_n, ..."""
-    op = TEMPLATE.parse(wl)
-    full: dict[str, object] = {"vec": 16, "wg": 1}
-    if op.kh == 1 and op.kw == 1:
-        full["tile_oh"] = 1
-    else:
-        full["unroll_kw"] = True
-    for name, extent in (("tile_ic", op.c), ("tile_oc", op.co), ("tile_ow", op.ow)):
-        inner = values.pop(name)
-        full[name] = (extent // inner, inner)  # type: ignore[operator]
-    full.update(values)
-    return TEMPLATE.space(wl).to_config(full)
 
 
 # ---- workload, space, packing, limits, features (no device) ----
@@ -130,7 +115,7 @@ def test_knobs_are_autotvms_then_the_opencl_ones() -> None:
 
 def test_pack_weight_is_oihw_blocked_by_ic_bn_and_oc_bn() -> None:
     wl = nchwc_workload(1, 8, 6, 12, 3, 1, 1)
-    config = make_config(wl, tile_ic=4, tile_oc=6, tile_ow=3, vec=2)
+    config = nchwc_config(wl, tile_ic=4, tile_oc=6, tile_ow=3, vec=2)
     w = np.random.default_rng(0).standard_normal((12, 8, 3, 3)).astype(np.float32)
     packed = TEMPLATE.pack_weight(wl, config, w)
     assert packed.shape == (2, 2, 3, 3, 4, 6) and packed.flags.c_contiguous
@@ -144,21 +129,21 @@ def test_pack_weight_is_oihw_blocked_by_ic_bn_and_oc_bn() -> None:
 
 def test_check_limits_vec_workgroup_and_register_budget() -> None:
     wl = SWEEP["resnet50.res2.3x3"]
-    assert TEMPLATE.check_limits(wl, make_config(wl, tile_ic=16, tile_oc=16, tile_ow=8),
+    assert TEMPLATE.check_limits(wl, nchwc_config(wl, tile_ic=16, tile_oc=16, tile_ow=8),
                                  CPU_LIMITS) == []
-    (why,) = TEMPLATE.check_limits(wl, make_config(wl, tile_ic=16, tile_oc=8, tile_ow=8),
+    (why,) = TEMPLATE.check_limits(wl, nchwc_config(wl, tile_ic=16, tile_oc=8, tile_ow=8),
                                    CPU_LIMITS)
     assert "vec 16 does not divide" in why
-    (why,) = TEMPLATE.check_limits(wl, make_config(wl, tile_ic=16, tile_oc=64, tile_ow=8),
+    (why,) = TEMPLATE.check_limits(wl, nchwc_config(wl, tile_ic=16, tile_oc=64, tile_ow=8),
                                    CPU_LIMITS)
     assert "512 accumulators" in why
     small = CPU_LIMITS.model_copy(update={"max_threads_per_block": 4, "max_thread_x": 2})
-    problems = TEMPLATE.check_limits(wl, make_config(wl, tile_ic=16, tile_oc=16, tile_ow=8,
+    problems = TEMPLATE.check_limits(wl, nchwc_config(wl, tile_ic=16, tile_oc=16, tile_ow=8,
                                                      wg=8), small)
     assert len(problems) == 2 and "8 work-items" in problems[0]
     # a tile_oh=2 block counts both rows
     wl1 = SWEEP["resnet50.res5.1x1"]
-    (why,) = TEMPLATE.check_limits(wl1, make_config(wl1, tile_ic=4, tile_oc=32, tile_ow=7,
+    (why,) = TEMPLATE.check_limits(wl1, nchwc_config(wl1, tile_ic=4, tile_oc=32, tile_ow=7,
                                                     tile_oh=2), DeviceLimits(max_local_elements=256))
     assert "448 accumulators per work-item (2 rows x 7 x 32 channels)" in why
 
@@ -190,7 +175,7 @@ def test_default_config_fits_and_follows_the_x86_fallback() -> None:
 def test_a_config_without_opencl_knobs_gets_their_defaults() -> None:
     wl = SWEEP["resnet50.res2.3x3"]
     for oc_bn, vec in ((32, 16), (16, 16), (8, 8), (4, 4), (2, 2), (1, 1)):
-        full = make_config(wl, tile_ic=8, tile_oc=oc_bn, tile_ow=8)
+        full = nchwc_config(wl, tile_ic=8, tile_oc=oc_bn, tile_ow=8)
         tophub_like = Config(index=full.index, entity=tuple(
             e for e in full.entity if e.name not in ("vec", "wg")))
         k = TEMPLATE.decode(wl, tophub_like)
@@ -283,8 +268,8 @@ def epilogue_cases() -> list[tuple[Workload, Config, Epilogue]]:
     """Each epilogue on a padded 3x3 (border and interior work-items) and on a 1x1 whose
     last row block is a tile_oh=2 tail (its guarded store)."""
     wl3, wl1 = SWEEP["resnet50.res2.3x3"], SWEEP["resnet50.res5.1x1"]
-    configs = [(wl3, make_config(wl3, tile_ic=16, tile_oc=16, tile_ow=8, vec=8, wg=2)),
-               (wl1, make_config(wl1, tile_ic=64, tile_oc=16, tile_ow=7, tile_oh=2, vec=4))]
+    configs = [(wl3, nchwc_config(wl3, tile_ic=16, tile_oc=16, tile_ow=8, vec=8, wg=2)),
+               (wl1, nchwc_config(wl1, tile_ic=64, tile_oc=16, tile_ow=7, tile_oh=2, vec=4))]
     return [(wl, c, ep) for wl, c in configs for ep in EPILOGUES]
 
 
@@ -302,10 +287,10 @@ def border_cases() -> list[tuple[Workload, Config]]:
     stem, wl3, vgg = (SWEEP["resnet50.conv1.7x7s2"], SWEEP["resnet50.res2.3x3"],
                       SWEEP["vgg16.conv5.3x3"])
     return [
-        (stem, make_config(stem, tile_ic=1, tile_oc=16, tile_ow=1, unroll_kw=False)),
-        (stem, make_config(stem, tile_ic=3, tile_oc=4, tile_ow=56, vec=4)),
-        (vgg, make_config(vgg, tile_ic=32, tile_oc=16, tile_ow=14, unroll_kw=False)),
-        (wl3, make_config(wl3, tile_ic=8, tile_oc=32, tile_ow=2, vec=8, wg=8)),
+        (stem, nchwc_config(stem, tile_ic=1, tile_oc=16, tile_ow=1, unroll_kw=False)),
+        (stem, nchwc_config(stem, tile_ic=3, tile_oc=4, tile_ow=56, vec=4)),
+        (vgg, nchwc_config(vgg, tile_ic=32, tile_oc=16, tile_ow=14, unroll_kw=False)),
+        (wl3, nchwc_config(wl3, tile_ic=8, tile_oc=32, tile_ow=2, vec=8, wg=8)),
     ]
 
 
@@ -335,18 +320,8 @@ def test_default_configs_match_numpy(measure_pool: MeasurePool) -> None:
 
 # ---- CUDA: the same kernel body compiles with nvcc ----
 
-NVCC = shutil.which("nvcc")
-NVCC_ARGS = ["-ptx", "-arch=sm_80"]
-
-
-def _nvcc(source: Path) -> subprocess.CompletedProcess[str]:
-    assert NVCC is not None
-    return subprocess.run([NVCC, *NVCC_ARGS, str(source), "-o", str(source.with_suffix(".ptx"))],
-                          capture_output=True, text=True, timeout=600)
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: CUDA sources not compiled")
+@needs_nvcc
 def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
     """Every vec width, kw rolled and unrolled, a tile_oh tail, border copies, a partial
     work-group, the epilogues: one .cu file (entries renamed), recompiled one by one on
@@ -355,9 +330,9 @@ def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
     wl3, stem, wl1 = SWEEP["resnet50.res2.3x3"], SWEEP["resnet50.conv1.7x7s2"], \
         SWEEP["resnet50.res5.1x1"]
     for vec, ukw in ((1, True), (2, False), (4, True), (8, False), (16, True)):
-        cases.append((wl3, make_config(wl3, tile_ic=8, tile_oc=16, tile_ow=7, vec=vec,
+        cases.append((wl3, nchwc_config(wl3, tile_ic=8, tile_oc=16, tile_ow=7, vec=vec,
                                        unroll_kw=ukw, wg=4), Epilogue()))
-    cases.append((stem, make_config(stem, tile_ic=3, tile_oc=32, tile_ow=8, vec=16,
+    cases.append((stem, nchwc_config(stem, tile_ic=3, tile_oc=32, tile_ow=8, vec=16,
                                     unroll_kw=False), Epilogue()))
     cases += epilogue_cases()
     cases += [(wl, c, Epilogue()) for wl, c in border_cases()]
@@ -370,7 +345,7 @@ def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
     # one prelude, then every kernel body
     path = tmp_path / "conv2d_nchwc.cu"
     path.write_text(sources[0] + "\n".join(s[s.index("KERNEL void"):] for s in sources[1:]))
-    proc = _nvcc(path)
+    proc = nvcc_ptx(path)
     if proc.returncode == 0:
         entries = set(re.findall(r"\.entry\s+(conv2d_nchwc_kernel_\d+)", path.with_suffix(".ptx")
                                  .read_text()))
@@ -380,7 +355,7 @@ def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
     for i, ((wl, config, ep), src) in enumerate(zip(cases, sources)):
         one = tmp_path / f"one_{i}.cu"
         one.write_text(src)
-        single = _nvcc(one)
+        single = nvcc_ptx(one)
         if single.returncode != 0:
             problems.append(f"workload {json.dumps(wl.args_json())} epilogue {ep.ops} config "
                             f"{json.dumps(config.to_json())}:\n{single.stderr.strip()[:2000]}")
@@ -403,12 +378,12 @@ def test_performance_sanity_on_resnet50_56x56_3x3(device: Device,
     configs = {
         "default": TEMPLATE.default_config(wl),
         "tophub": tophub,
-        "oc16 reg8": make_config(wl, tile_ic=16, tile_oc=16, tile_ow=8),
-        "oc32 reg8": make_config(wl, tile_ic=16, tile_oc=32, tile_ow=8),
-        "oc32 reg7": make_config(wl, tile_ic=16, tile_oc=32, tile_ow=7),
-        "oc16 reg14 ic64 kw-rolled wg2": make_config(wl, tile_ic=64, tile_oc=16, tile_ow=14,
+        "oc16 reg8": nchwc_config(wl, tile_ic=16, tile_oc=16, tile_ow=8),
+        "oc32 reg8": nchwc_config(wl, tile_ic=16, tile_oc=32, tile_ow=8),
+        "oc32 reg7": nchwc_config(wl, tile_ic=16, tile_oc=32, tile_ow=7),
+        "oc16 reg14 ic64 kw-rolled wg2": nchwc_config(wl, tile_ic=64, tile_oc=16, tile_ow=14,
                                                      unroll_kw=False, wg=2),
-        "oc8 reg8 vec8": make_config(wl, tile_ic=8, tile_oc=8, tile_ow=8, vec=8),
+        "oc8 reg8 vec8": nchwc_config(wl, tile_ic=8, tile_oc=8, tile_ow=8, vec=8),
     }
     options = MeasureOptions(number=5, repeat=3, min_repeat_ms=50, timeout_s=90)
     requests = [MeasureRequest(NAME, wl, c, options) for c in configs.values()]

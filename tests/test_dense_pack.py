@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import random
 import re
-import shutil
 import statistics
-import subprocess
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MeasurePool, dense_workload, describe_failures
+from conftest import MeasurePool, dense_workload, describe_failures, needs_nvcc, nvcc_ptx
 
 from compiler.runtime.measure import MeasureRequest, max_abs_error_ok
 from compiler.templates import Epilogue, get_template
@@ -161,15 +159,13 @@ def test_fused_epilogues_match_numpy(measure_pool: MeasurePool) -> None:
 
 # ---- CUDA: the same kernel body compiles with nvcc ----
 
-NVCC = shutil.which("nvcc")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: CUDA sources not compiled")
+@needs_nvcc
 def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
     """Two random configs of every workload plus the epilogue cases, one .cu file per
     workload (entries renamed _0, _1, ...)."""
-    assert NVCC is not None
     tmpl = get_template(PACK)
     cases = {name: [(WORKLOADS[name], c, Epilogue()) for c in draw_configs(name)[:2]]
              for name in WORKLOADS}
@@ -187,13 +183,8 @@ def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
         path.write_text("\n".join(sources))
         files.append((path, len(trials)))
 
-    def nvcc(path: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([NVCC, "-ptx", "-arch=sm_80", str(path), "-o",
-                               str(path.with_suffix(".ptx"))],
-                              capture_output=True, text=True, timeout=300)
-
     with ThreadPoolExecutor(2) as ex:
-        done = list(ex.map(nvcc, [p for p, _ in files]))
+        done = list(ex.map(lambda path: nvcc_ptx(path, timeout=300), [p for p, _ in files]))
     for (path, count), proc in zip(files, done):
         assert proc.returncode == 0, f"{path.name}:\n{proc.stderr[:3000]}"
         entries = set(re.findall(r"\.entry\s+(dense_pack_kernel_\d+)", path.with_suffix(".ptx")

@@ -9,14 +9,13 @@ compile with ``nvcc -ptx -arch=sm_80``.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import needs_nvcc, nvcc_ptx
 
 from compiler.ir import GraphBuilder, Node, evaluate
 from compiler.kernels import NoKernelError, lower
@@ -204,13 +203,11 @@ def test_ops_without_a_kernel_name_the_node() -> None:
 
 # ---- CUDA: every case's source compiles with nvcc ----
 
-NVCC = shutil.which("nvcc") or shutil.which("/usr/local/bin/nvcc")
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found: CUDA sources not compiled")
+@needs_nvcc
 def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
     """All cases in one .cu file (entries renamed apart): nvcc's start-up dominates."""
-    assert NVCC is not None
     sources, entries = [], []
     for i, name in enumerate(CASES):
         kernel = lower(_case(name)[1], "cuda")
@@ -219,9 +216,7 @@ def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
         entries.append(entry)
     path = tmp_path / "kernels.cu"
     path.write_text("\n".join(sources))
-    proc = subprocess.run([NVCC, "-ptx", "-arch=sm_80", str(path), "-o",
-                           str(path.with_suffix(".ptx"))],
-                          capture_output=True, text=True, timeout=300)
+    proc = nvcc_ptx(path, timeout=300)
     assert proc.returncode == 0, proc.stderr[:4000]
     ptx = path.with_suffix(".ptx").read_text()
     assert set(re.findall(r"\.entry\s+(\w+)", ptx)) == set(entries)

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import needs_nvcc, nvcc_ptx
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -141,10 +140,9 @@ def test_resnet50_with_tophub_records_uses_the_valid_ones_and_stays_correct() ->
     np.testing.assert_allclose(got, onnxruntime_output(model, x), rtol=RTOL, atol=ATOL)
 
 
-NVCC = shutil.which("nvcc") or shutil.which("/usr/local/bin/nvcc")
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found: CUDA sources not compiled")
+@needs_nvcc
 @pytest.mark.parametrize("name", MODELS)
 def test_whole_model_lowers_to_cuda_that_nvcc_compiles(name: str, tmp_path: Path) -> None:
     """The program a GPU machine would run: every kernel of the model, as CUDA C."""
@@ -162,9 +160,7 @@ def test_whole_model_lowers_to_cuda_that_nvcc_compiles(name: str, tmp_path: Path
                            re.sub(rf"\b{step.kernel.entry}\b", entry, step.kernel.source))
     path = tmp_path / f"{name}.cu"
     path.write_text("\n".join(sources.values()))
-    proc = subprocess.run([NVCC, "-ptx", "-arch=sm_80", str(path), "-o",
-                           str(path.with_suffix(".ptx"))],
-                          capture_output=True, text=True, timeout=600)
+    proc = nvcc_ptx(path, timeout=600)
     assert proc.returncode == 0, proc.stderr[:4000]
     entries = set(re.findall(r"\.entry\s+(\w+)", path.with_suffix(".ptx").read_text()))
     assert len(entries) == len(sources)

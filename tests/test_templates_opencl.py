@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import shutil
-import subprocess
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
@@ -33,10 +31,13 @@ from conftest import (
     DENSE_LARGE_WORKLOADS,
     DENSE_SMALL,
     DENSE_SMALL_WORKLOADS,
+    NVCC_ARGS,
     RESNET50_CONV,
     VGG16_CONV,
     MeasurePool,
     describe_failures,
+    needs_nvcc,
+    nvcc_ptx,
 )
 
 from compiler.runtime.measure import MeasureRequest
@@ -149,18 +150,8 @@ def test_fused_epilogues_match_numpy(measure_pool: MeasurePool, template: str) -
 
 # ---- CUDA: the same configs' sources compile with nvcc ----
 
-NVCC = shutil.which("nvcc")
-NVCC_ARGS = ["-ptx", "-arch=sm_80"]
-
-
-def _nvcc(source: Path) -> subprocess.CompletedProcess[str]:
-    assert NVCC is not None
-    return subprocess.run([NVCC, *NVCC_ARGS, str(source), "-o", str(source.with_suffix(".ptx"))],
-                          capture_output=True, text=True, timeout=600)
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH: CUDA sources not compiled")
+@needs_nvcc
 @pytest.mark.parametrize("template", list(SWEEP))
 def test_cuda_sources_compile_with_nvcc(tmp_path: Path, template: str) -> None:
     """One .cu file per workload holding all its kernels (entries renamed _0, _1, ...):
@@ -187,7 +178,7 @@ def test_cuda_sources_compile_with_nvcc(tmp_path: Path, template: str) -> None:
         files.append((path, entry, wl, kernels))
 
     with ThreadPoolExecutor(2) as ex:
-        done = list(ex.map(_nvcc, [f[0] for f in files]))
+        done = list(ex.map(nvcc_ptx, [f[0] for f in files]))
 
     problems = []
     for (path, entry, wl, kernels), proc in zip(files, done):
@@ -200,7 +191,7 @@ def test_cuda_sources_compile_with_nvcc(tmp_path: Path, template: str) -> None:
         for i, (config, ep, src) in enumerate(kernels):
             one = tmp_path / f"{path.stem}_{i}.cu"
             one.write_text(src)
-            single = _nvcc(one)
+            single = nvcc_ptx(one)
             if single.returncode != 0:
                 problems.append(f"{template} workload {json.dumps(wl.args_json())} "
                                 f"epilogue {ep.ops} config {json.dumps(config.to_json())}:\n"

@@ -1,0 +1,90 @@
+"""What the benchmarks share: onnxruntime's Conv on a layer's shape, timed by the
+measurer's rule, and the header lines that say where the figures came from."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compiler.templates.ops import Conv2dOp
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def onnxruntime_conv(op: Conv2dOp, weight: np.ndarray, threads: int) -> Callable[[np.ndarray], Any]:
+    """onnxruntime's Conv of ``op`` (weight a constant, CPUExecutionProvider, ``threads``
+    intra-op threads) as a function of the data."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[op.kh, op.kw],
+                            pads=list(op.pad), strides=list(op.stride),
+                            dilations=list(op.dilation))
+    graph = helper.make_graph(
+        [node], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(op.input_shapes[0]))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(op.output_shape))],
+        initializer=[numpy_helper.from_array(weight, name="w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+    return lambda data: sess.run(None, {"x": data})[0]
+
+
+def host_seconds(call: Callable[[], Any], number: int, repeat: int,
+                 min_repeat_ms: float) -> float:
+    """Seconds per ``call`` by the measurer's rule: three warm-up calls, ``number`` raised
+    until one repeat lasts ``min_repeat_ms``, ``repeat`` repeats, the fastest and slowest
+    dropped when there are more than two, the mean of the rest."""
+    for _ in range(3):
+        call()
+    if min_repeat_ms > 0:
+        t0 = time.perf_counter()
+        call()
+        once = time.perf_counter() - t0
+        number = max(number, math.ceil(min_repeat_ms / 1e3 / max(once, 1e-9)))
+    costs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            call()
+        costs.append((time.perf_counter() - t0) / number)
+    if len(costs) > 2:
+        costs = sorted(costs)[1:-1]
+    return statistics.fmean(costs)
+
+
+def git_revision() -> str:
+    """The commit measured, marked when compiler/ or schemas/ differ from it."""
+    try:
+        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--",
+                                "compiler", "schemas"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+    return f"git {rev}" + (" (compiler/ or schemas/ modified)" if dirty else "")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
