@@ -455,8 +455,13 @@ def test_worker_sigterm_finishes_the_trial_in_hand_and_returns_the_rest(
         return [t.id for t in job_trials(fleet.db, job_id)
                 if t.status == "leased" and t.worker_id == worker_id]
 
-    wait_until(lambda: len(held()) >= 3, 30, "the worker to lease trials", every=0.02,
-               diagnose=fleet.logs)
+    log = fleet.worker_logs["leaver"]
+
+    def measuring() -> bool:  # leased in the database is not yet in hand: wait for both
+        return len(held()) >= 3 and "measuring trial" in log.read_text(errors="replace")
+
+    wait_until(measuring, 30, "the worker to lease trials and start measuring one",
+               every=0.02, diagnose=fleet.logs)
     holding = held()
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(60) == 0, fleet.logs()

@@ -121,6 +121,7 @@ class WorkerAgent:
         return self.measured
 
     def _measure_and_report(self, trial: dict[str, Any]) -> None:
+        log.info("measuring trial %s (%s)", trial["trial_id"], trial["template"])
         request = MeasureRequest(
             template=trial["template"],
             workload=Workload(template=trial["template"], args=trial["args"]),
