@@ -17,6 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from cli.common import fail, load_template, load_workload
 from cli.db import DATABASE_URL, resolve_url
 from schemas import MeasureOptions, Target, Workload
+from tuner_server.search import DEFAULT_TUNER, TUNERS
 
 
 def _free_port() -> int:
@@ -96,8 +97,13 @@ def tune(
     template: str | None = typer.Option(None, "--template", help="one task: its template"),
     args: str | None = typer.Option(None, "--args", help="one task: AutoTVM args list as JSON"),
     trials: int = typer.Option(64, "--trials", min=1, help="trials per task"),
-    tuner: str = typer.Option("random", "--tuner"),
-    early_stopping: int | None = typer.Option(None, "--early-stopping", min=1),
+    tuner: str = typer.Option(DEFAULT_TUNER, "--tuner",
+                              help="one of: " + ", ".join(sorted(TUNERS))),
+    early_stopping: int | None = typer.Option(None, "--early-stopping", min=1,
+                                              help="stop a task after this many trials "
+                                                   "without a better config"),
+    plan_size: int = typer.Option(16, "--plan-size", min=1,
+                                  help="configs planned at a time per task"),
     server: str | None = typer.Option(None, "--server", envvar="TUNER_SERVER"),
     token: str | None = typer.Option(None, "--token", envvar="TUNER_TOKEN"),
     database_url: str | None = DATABASE_URL,
@@ -116,6 +122,7 @@ def tune(
     workloads = _workloads(model, target, template, args)
     body = {"target": target, "tasks": [w.model_dump(mode="json") for w in workloads],
             "n_trial": trials, "tuner": tuner, "early_stopping": early_stopping,
+            "plan_size": plan_size,
             "measure": MeasureOptions(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
                                       timeout_s=timeout).model_dump()}
     fleet = None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -180,13 +182,128 @@ class Template(ABC):
         """The operator in numpy, float64 accumulation: what every kernel is checked against."""
         return self.parse(workload).reference(*inputs)
 
-    @abstractmethod
-    def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits) -> list[str]:
-        """Why this config cannot run on a device with ``limits`` (empty: it can)."""
+    # ---- device limits: one vectorised rule set, for bulk filters and single configs ----
+
+    # What a limit message calls the kernel's parallel units: GPU templates speak of
+    # threads per block, CPU-class ones (OpenCL on a CPU) of work-items per group.
+    thread_word: str = "threads"
+    thread_one: str = "thread"
+    group_word: str = "block"
 
     @abstractmethod
+    def _usage(self, op: Any, knobs: dict[str, np.ndarray]) -> Usage:
+        """Device resources of the configs whose knob values are ``knobs`` (arrays, one
+        row per config, as ``ConfigSpace.columns`` gives them)."""
+
+    def valid_mask(self, workload: Workload, indices: np.ndarray,
+                   limits: DeviceLimits) -> np.ndarray:
+        """bool [n]: which configs (indices of ``space(workload)``) fit ``limits``; True
+        exactly where ``check_limits`` finds no problem. Lets a search filter in bulk."""
+        op = self.parse(workload)
+        indices = np.asarray(indices, dtype=np.int64)
+        usage = self._usage(op, self._knobs(workload, indices))
+        ok = np.ones(indices.shape[0], dtype=bool)
+        for fits, _ in self._limit_checks(usage, limits, indices.shape[0]):
+            ok &= fits
+        return ok
+
+    def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits) -> list[str]:
+        """Why this config cannot run on a device with ``limits`` (empty: it can); the
+        same rules as ``valid_mask``, on one row."""
+        try:
+            values = self.decode(workload, config)
+        except ConfigError as err:
+            return [str(err)]
+        space = self.space(workload)
+        row = np.array([space.index_of(values)], dtype=np.int64)
+        usage = self._usage(self.parse(workload), self._knobs(workload, row))
+        return [message(0) for fits, message in self._limit_checks(usage, limits, 1)
+                if not fits[0]]
+
+    def _limit_checks(self, usage: Usage, limits: DeviceLimits, n: int
+                      ) -> list[tuple[np.ndarray, Callable[[int], str]]]:
+        """Every comparison of ``n`` configs' usage against the limits, written once for
+        all templates: (fits, bool [n]; the message for row i), template rules first."""
+        checks: list[tuple[np.ndarray, Callable[[int], str]]] = [
+            (np.broadcast_to(rule.ok, (n,)), rule.message_at) for rule in usage.rules]
+
+        def over(value: np.ndarray | None, cap: int,
+                 text: Callable[[int], str]) -> None:
+            if value is not None:
+                checks.append((np.broadcast_to(value <= cap, (n,)), text))
+
+        words, one, group = self.thread_word, self.thread_one, self.group_word
+        over(usage.threads, limits.max_threads_per_block,
+             lambda i: f"{_at(usage.threads, i)} {words} per {group} > "
+                       f"{limits.max_threads_per_block}")
+        for axis, value, cap in (("x", usage.threads_x, limits.max_thread_x),
+                                 ("y", usage.threads_y, limits.max_thread_y),
+                                 ("z", usage.threads_z, limits.max_thread_z)):
+            over(value, cap, lambda i, axis=axis, value=value, cap=cap:
+                 f"{_at(value, i)} {words} in {axis} > {cap}")
+        over(usage.shared_bytes, limits.max_shared_memory_per_block,
+             lambda i: f"{_at(usage.shared_bytes, i)} bytes of local memory > "
+                       f"{limits.max_shared_memory_per_block}")
+
+        def accumulators(i: int) -> str:
+            parts = " x ".join(f"{_at(v, i)} {label}".rstrip() for v, label in usage.local_detail)
+            detail = f" ({parts})" if parts else ""
+            return (f"{_at(usage.local_elements, i)} accumulators per {one}{detail} > "
+                    f"{limits.max_local_elements}")
+
+        over(usage.local_elements, limits.max_local_elements, accumulators)
+        return checks
+
+    # ---- cost-model features: one vectorised definition per template ----
+
+    @abstractmethod
+    def _feature_columns(self, op: Any, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Config features by name, each an array [n] (or a scalar, broadcast) for the
+        knob arrays ``knobs``; the same names for every workload of the template."""
+
+    def feature_names(self, workload: Workload) -> list[str]:
+        """Column names of ``feature_matrix``: the same for every workload of the
+        template, so one cost model can be trained across workloads."""
+        names, _ = self._feature_table(workload, np.zeros(1, dtype=np.int64))
+        return names
+
+    def feature_matrix(self, workload: Workload, indices: np.ndarray) -> np.ndarray:
+        """float32 [len(indices), len(feature_names)]: the features of the configs at
+        ``indices`` of ``space(workload)``, computed for all rows at once."""
+        _, matrix = self._feature_table(workload, np.asarray(indices, dtype=np.int64))
+        return matrix
+
     def features(self, workload: Workload, config: Config) -> dict[str, float]:
-        """Cost-model features of a config; same keys for every config of the template."""
+        """Cost-model features of one config (a row of ``feature_matrix``); the config's
+        entity decides the point, not its ``index`` (legacy logs may disagree)."""
+        space = self.space(workload)
+        row = np.array([space.index_of(self.decode(workload, config))], dtype=np.int64)
+        names, matrix = self._feature_table(workload, row)
+        return {name: float(v) for name, v in zip(names, matrix[0])}
+
+    def _feature_table(self, workload: Workload, indices: np.ndarray
+                       ) -> tuple[list[str], np.ndarray]:
+        """Names and float32 matrix: the template's config columns, then the workload's."""
+        op = self.parse(workload)
+        columns = self._feature_columns(op, self._knobs(workload, indices))
+        wl = _workload_features(op, workload)
+        names = [*columns, *wl]
+        # filled one contiguous row per feature, then transposed once: writing the
+        # strided columns of an [n, m] array directly took 3x as long
+        matrix = np.empty((len(names), indices.shape[0]), dtype=np.float32)
+        for j, value in enumerate([*columns.values(), *wl.values()]):
+            matrix[j] = value
+        return names, np.ascontiguousarray(matrix.T)
+
+    def _knobs(self, workload: Workload, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """``ConfigSpace.columns`` with split knobs' [n, k] arrays in column-major order,
+        so each factor (``factors``) is a contiguous view, not a copy. Indices outside
+        the space would decode to wrong points silently: refused."""
+        space = self.space(workload)
+        if indices.size and (indices.min() < 0 or indices.max() >= len(space)):
+            raise ConfigError(f"indices outside the space of {len(space)} configs")
+        return {name: np.asfortranarray(value) if value.ndim == 2 else value
+                for name, value in space.columns(indices).items()}
 
     @abstractmethod
     def default_config(self, workload: Workload) -> Config:
@@ -278,6 +395,95 @@ class Template(ABC):
         return epilogue.apply(out, bias, residual, self.channel_axis)
 
 
+@dataclass(frozen=True, eq=False)
+class Rule:
+    """A template's own condition on its configs (beyond the device limits), per row:
+    ``ok`` bool [n] (or a scalar), and ``message`` (``str.format`` over ``values``) for
+    a row that fails."""
+
+    ok: Any
+    message: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def message_at(self, i: int) -> str:
+        return self.message.format(**{k: _at(v, i) for k, v in self.values.items()})
+
+
+@dataclass(frozen=True, eq=False)
+class Usage:
+    """What configs use of a device, one entry per row (arrays [n], or scalars that
+    broadcast); a resource left None is not checked. ``local_detail`` explains the
+    accumulator count in its message as (value, label) factors."""
+
+    threads: Any
+    threads_x: Any = None
+    threads_y: Any = None
+    threads_z: Any = None
+    shared_bytes: Any = None
+    local_elements: Any = None
+    local_detail: tuple[tuple[Any, str], ...] = ()
+    rules: tuple[Rule, ...] = ()
+
+
+def _at(value: Any, i: int) -> int:
+    """Row ``i`` of a per-config array, or the scalar itself, as a Python int."""
+    return int(value[i]) if np.ndim(value) else int(value)
+
+
+def factors(value: Any) -> tuple[Any, ...]:
+    """The factors of a split knob's value, outermost first: ints for one config's
+    tuple, [n] columns (views) for an [n, num_outputs] array of configs. Lets one tile
+    helper serve codegen (scalars) and features / limits (arrays)."""
+    if isinstance(value, np.ndarray) and value.ndim == 2:
+        return tuple(value.T)
+    return tuple(value)
+
+
+def log2(value: Any) -> Any:
+    """log2 of a count, clamped at 1 so that no feature is -inf."""
+    return np.log2(np.maximum(value, 1))
+
+
+def ceil_div(a: Any, b: Any) -> Any:
+    """Integer ceil(a / b) for ints or integer arrays."""
+    return -(-a // b)
+
+
+def split_features(knobs: dict[str, np.ndarray], *names: str) -> dict[str, np.ndarray]:
+    """log2 of each factor of the split knobs ``names``, as ``name.i`` (position i)."""
+    out: dict[str, np.ndarray] = {}
+    for name in names:
+        for i, column in enumerate(factors(knobs[name])):
+            out[f"{name}.{i}"] = np.log2(column)
+    return out
+
+
+def _workload_features(op: Any, workload: Workload) -> dict[str, float]:
+    """log2(1 + x) of every integer of the operator's parameters, then log2 FLOPs.
+
+    Read from the parsed op, not the raw args: args of one template differ in shape
+    (padding of 2 or 4, stride as an int or a pair, dense bias null or a tensor, 3 or 4
+    dense args) while the op's fields are always the same, and so must the names be."""
+    items: list[tuple[str, Any]]
+    if dataclasses.is_dataclass(op):
+        items = [(f.name, getattr(op, f.name)) for f in dataclasses.fields(op)]
+    else:
+        items = [(str(i), a) for i, a in enumerate(workload.args)]
+    out: dict[str, float] = {}
+
+    def walk(name: str, value: Any) -> None:
+        if isinstance(value, (bool, int, np.integer)):
+            out[f"wl.{name}"] = float(np.log2(1 + int(value)))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(f"{name}.{i}", item)
+
+    for name, value in items:
+        walk(name, value)
+    out["wl.log_flops"] = float(log2(int(op.flops)))
+    return out
+
+
 @lru_cache(maxsize=512)
 def _space_of(template: Template, workload: Workload) -> ConfigSpace:
     # Spaces are asked for on every decode and limit check; building one enumerates splits.
@@ -321,5 +527,6 @@ def int_pair(arg: Any, what: str, length: int = 2, minimum: int = 1) -> tuple[in
     return tuple(arg)
 
 
-__all__ = ["Buffer", "ConfigError", "Epilogue", "IOLayout", "Kernel", "Template",
-           "WorkloadError", "blocked_shape", "from_blocked", "to_blocked"]
+__all__ = ["Buffer", "ConfigError", "Epilogue", "IOLayout", "Kernel", "Rule", "Template",
+           "Usage", "WorkloadError", "blocked_shape", "ceil_div", "factors", "from_blocked",
+           "log2", "split_features", "to_blocked"]

@@ -8,14 +8,26 @@ then every thread accumulates its register tile. A TopHub config means the same 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from compiler.templates.base import Buffer, Epilogue, Kernel, Template, epilogue_buffers
+import numpy as np
+
+from compiler.templates.base import (
+    Buffer,
+    Epilogue,
+    Kernel,
+    Template,
+    Usage,
+    ceil_div,
+    epilogue_buffers,
+    factors,
+    log2,
+    split_features,
+)
 from compiler.templates.emit import AUTO, VTHREAD, Unroll, indent, loop_nest, signature
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigError, ConfigSpace, OtherKnob, SplitKnob
-from schemas import Config, DeviceLimits, Workload
+from schemas import Config, Workload
 
 SPATIAL = ("tile_f", "tile_y", "tile_x")
 
@@ -77,46 +89,43 @@ class Conv2dNCHW(Template):
         }
         return space.to_config(values)
 
-    def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits) -> list[str]:
-        try:
-            k = self.decode(workload, config)
-        except ConfigError as err:
-            return [str(err)]
-        t = _Tiles(self.parse(workload), k)
-        problems = []
-        if t.threads > limits.max_threads_per_block:
-            problems.append(f"{t.threads} threads per block > {limits.max_threads_per_block}")
-        for axis, n, cap in (("x", t.tx, limits.max_thread_x), ("y", t.ty, limits.max_thread_y),
-                             ("z", t.tf, limits.max_thread_z)):
-            if n > cap:
-                problems.append(f"{n} threads in {axis} > {cap}")
-        if t.shared_bytes > limits.max_shared_memory_per_block:
-            problems.append(
-                f"{t.shared_bytes} bytes of local memory > {limits.max_shared_memory_per_block}"
-            )
-        if t.acc_size > limits.max_local_elements:
-            problems.append(f"{t.acc_size} accumulators per thread > {limits.max_local_elements}")
-        return problems
+    def _usage(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> Usage:
+        t = _Tiles(op, knobs)
+        return Usage(threads=t.threads, threads_x=t.tx, threads_y=t.ty, threads_z=t.tf,
+                     shared_bytes=t.shared_bytes, local_elements=t.acc_size)
 
-    def features(self, workload: Workload, config: Config) -> dict[str, float]:
-        op = self.parse(workload)
-        k = self.decode(workload, config)
-        t = _Tiles(op, k)
-        feats: dict[str, float] = {}
-        for name in (*SPATIAL, "tile_rc", "tile_ry", "tile_rx"):
-            for i, f in enumerate(k[name]):
-                feats[f"{name}.{i}"] = math.log2(f)
+    def _feature_columns(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
+        t = _Tiles(op, knobs)
+        feats: dict[str, Any] = split_features(knobs, *SPATIAL, "tile_rc", "tile_ry", "tile_rx")
+        max_step = knobs["auto_unroll_max_step"]
         blocks = op.n * t.bf * t.by * t.bx
-        loads = (t.aa_size + t.ww_size) * t.rco * t.ryo * t.rxo
+        steps = t.rco * t.ryo * t.rxo
+        # per (rc, ry, rx) outer step: elements fetched into local memory by the block,
+        # and each thread's multiply-adds on them
+        fetched = t.aa_size + t.ww_size
+        inner = t.rci * t.ryi * t.rxi
+        inner_fmas = inner * t.acc_size
         feats.update(
-            auto_unroll_max_step=float(k["auto_unroll_max_step"]),
-            unroll_explicit=float(k["unroll_explicit"]),
-            log_threads=math.log2(t.threads),
-            log_blocks=math.log2(blocks),
-            log_acc=math.log2(t.acc_size),
-            log_shared_bytes=math.log2(t.shared_bytes),
-            log_reduction_steps=math.log2(t.rco * t.ryo * t.rxo),
-            flops_per_shared_load=op.flops / max(blocks * loads, 1),
+            auto_unroll_max_step=max_step,
+            unroll_explicit=knobs["unroll_explicit"],
+            log_threads=log2(t.threads),
+            log_blocks=log2(blocks),
+            log_acc=log2(t.acc_size),
+            log_shared_bytes=log2(t.shared_bytes),
+            log_reduction_steps=log2(steps),
+            # every fetched element is one global load
+            flops_per_shared_load=op.flops / (blocks * fetched * steps),
+            log_vthreads=log2(t.vf * t.vy * t.vx),
+            log_block_outputs=log2(t.block_f * t.block_y * t.block_x),
+            log_inner_reduction=log2(inner),
+            log_inner_fmas=log2(inner_fmas),
+            # the compute nest is unrolled when it fits auto_unroll_max_step (emit.Unroll)
+            inner_unrolled=(max_step > 0) & (inner_fmas <= max_step),
+            # multiply-adds per distinct local-memory value a thread reads in a step
+            register_reuse=t.acc_size / (t.vf * t.fi + t.vy * t.yi * t.vx * t.xi),
+            flops_per_shared_byte=2 * t.threads * inner_fmas / t.shared_bytes,
+            log_fetch_per_thread=log2(ceil_div(fetched, t.threads)),
+            warp_efficiency=t.threads / (32 * ceil_div(t.threads, 32)),
         )
         return feats
 
@@ -207,15 +216,16 @@ class Conv2dNCHW(Template):
 
 
 class _Tiles:
-    """Tile extents a config implies, named as the schedule binds them."""
+    """Tile extents a config implies, named as the schedule binds them: ints for one
+    config's knobs (codegen), arrays [n] for ``ConfigSpace.columns`` (features, limits)."""
 
     def __init__(self, op: Conv2dOp, k: dict[str, Any]) -> None:
-        self.bf, self.vf, self.tf, self.fi = k["tile_f"]
-        self.by, self.vy, self.ty, self.yi = k["tile_y"]
-        self.bx, self.vx, self.tx, self.xi = k["tile_x"]
-        self.rco, self.rci = k["tile_rc"]
-        self.ryo, self.ryi = k["tile_ry"]
-        self.rxo, self.rxi = k["tile_rx"]
+        self.bf, self.vf, self.tf, self.fi = factors(k["tile_f"])
+        self.by, self.vy, self.ty, self.yi = factors(k["tile_y"])
+        self.bx, self.vx, self.tx, self.xi = factors(k["tile_x"])
+        self.rco, self.rci = factors(k["tile_rc"])
+        self.ryo, self.ryi = factors(k["tile_ry"])
+        self.rxo, self.rxi = factors(k["tile_rx"])
         self.block_f = self.vf * self.tf * self.fi
         self.block_y = self.vy * self.ty * self.yi
         self.block_x = self.vx * self.tx * self.xi

@@ -53,15 +53,20 @@ from compiler.templates.base import (
     Epilogue,
     IOLayout,
     Kernel,
+    Rule,
     Template,
+    Usage,
     WorkloadError,
     blocked_shape,
     epilogue_buffers,
+    factors,
+    log2,
+    split_features,
 )
 from compiler.templates.emit import indent, signature
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigError, ConfigSpace, OtherKnob, SplitKnob
-from schemas import Config, DeviceLimits, KnobEntity, Workload
+from schemas import Config, KnobEntity, Workload
 
 VEC_CANDIDATES = (1, 2, 4, 8, 16)
 WG_CANDIDATES = (1, 2, 4, 8)
@@ -81,6 +86,7 @@ def default_vec(oc_bn: int) -> int:
 
 class Conv2dNCHWc(Template):
     name = "conv2d_NCHWc.x86"
+    thread_word, thread_one, group_word = "work-items", "work-item", "group"
     packs_weight = True
     blocked_io = True
 
@@ -163,56 +169,54 @@ class Conv2dNCHWc(Template):
             values["unroll_kw"] = True
         return space.to_config(values)
 
-    def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits) -> list[str]:
-        try:
-            k = self.decode(workload, config)
-        except ConfigError as err:
-            return [str(err)]
-        p = _Plan(self.parse(workload), k)
-        problems = []
-        if p.oc_bn % p.vec:
-            problems.append(f"vec {p.vec} does not divide the output-channel block {p.oc_bn}")
-        if p.wg > limits.max_threads_per_block:
-            problems.append(f"{p.wg} work-items per group > {limits.max_threads_per_block}")
-        if p.wg > limits.max_thread_x:
-            problems.append(f"{p.wg} work-items in x > {limits.max_thread_x}")
-        if p.acc > limits.max_local_elements:
-            problems.append(f"{p.acc} accumulators per work-item ({p.oh_f} rows x {p.reg_n} "
-                            f"x {p.oc_bn} channels) > {limits.max_local_elements}")
-        return problems
+    def _usage(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> Usage:
+        p = _Plan(op, knobs)
+        return Usage(threads=p.wg, threads_x=p.wg, local_elements=p.acc,
+                     local_detail=((p.oh_f, "rows"), (p.reg_n, ""), (p.oc_bn, "channels")),
+                     rules=(_vec_rule(p),))
 
-    def features(self, workload: Workload, config: Config) -> dict[str, float]:
-        op = self.parse(workload)
-        k = self.decode(workload, config)
-        p = _Plan(op, k)
-        feats: dict[str, float] = {}
-        for name in ("tile_ic", "tile_oc", "tile_ow"):
-            for i, f in enumerate(k[name]):
-                feats[f"{name}.{i}"] = math.log2(f)
-        # flops of one (ci, kh, kw) step over the loads it does: oh_f*reg_n input scalars
-        # and oc_bn weights
+    def _feature_columns(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
+        p = _Plan(op, knobs)
+        feats: dict[str, Any] = split_features(knobs, "tile_ic", "tile_oc", "tile_ow")
+        # one (ci, kh, kw) step: oh_f * reg_n input scalars (broadcast to vectors) and
+        # nvec weight vectors loaded, oh_f * reg_n * nvec vector multiply-adds
+        pixels = p.oh_f * p.reg_n
+        vector_fmas = pixels * p.nvec
         step_flops = 2 * p.acc
         feats.update(
-            tile_oh=float(p.oh_f),
-            unroll_kw=float(p.unroll_kw),
-            log_vec=math.log2(p.vec),
-            vec_divides=float(p.oc_bn % p.vec == 0),
-            log_wg=math.log2(p.wg),
-            log_acc=math.log2(p.acc),
-            log_vector_acc=math.log2(max(p.acc / p.vec, 1.0)),
-            log_work_items=math.log2(p.work_items),
-            log_groups=math.log2(p.groups),
-            loads_per_flop=(p.oh_f * p.reg_n + p.oc_bn) / step_flops,
-            border_x_fraction=p.border_fraction,
-            log_reduction_steps=math.log2(op.c * op.kh * op.kw),
+            tile_oh=p.oh_f,
+            unroll_kw=p.unroll_kw,
+            log_vec=log2(p.vec),
+            vec_divides=p.oc_bn % p.vec == 0,
+            log_wg=log2(p.wg),
+            log_acc=log2(p.acc),
+            log_vector_acc=log2(p.acc / p.vec),
+            log_work_items=log2(p.work_items),
+            log_groups=log2(p.groups),
+            loads_per_flop=(pixels + p.oc_bn) / step_flops,
+            border_x_fraction=p.border_count / p.owb,
+            log_reduction_steps=log2(op.c * op.kh * op.kw),
+            loads_per_vector_fma=(pixels + p.nvec) / vector_fmas,
+            # register reuse: each weight vector feeds every pixel, each input every vector
+            log_weight_reuse=log2(pixels),
+            log_data_reuse=log2(p.nvec),
+            # vector registers live in the inner loop: accumulators plus weights
+            log_vector_registers=log2(vector_fmas + p.nvec),
+            # vector multiply-adds written out per ci step (kw copies when unrolled)
+            log_unrolled_fmas=log2(vector_fmas * np.where(p.unroll_kw, op.kw, 1)),
+            # packed weight bytes one ic block walks (its ci loop over kh x kw taps)
+            log_weight_block_bytes=log2(4 * op.kh * op.kw * p.ic_bn * p.oc_bn),
+            # share of work-items of the grid that have no x block (the last group's spare)
+            idle_items=(p.groups_x * p.wg - p.owb) / (p.groups_x * p.wg),
         )
         return feats
 
     def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue,
                  io: IOLayout = IOLayout()) -> Kernel:
         p = _Plan(op, knobs)
-        if p.oc_bn % p.vec:
-            raise ConfigError(f"vec {p.vec} does not divide the output-channel block {p.oc_bn}")
+        vec_rule = _vec_rule(p)
+        if not vec_rule.ok:
+            raise ConfigError(vec_rule.message_at(0))
         if io.residual_block and "add" not in epilogue.ops:
             raise ValueError(f"residual_block {io.residual_block}: the epilogue "
                              f"{epilogue.ops} reads no residual")
@@ -259,39 +263,67 @@ def _with_opencl_defaults(space: ConfigSpace, config: Config) -> Config:
 
 
 class _Plan:
-    """Block sizes a config implies."""
+    """Block sizes a config implies: ints for one config's knobs (codegen), arrays [n]
+    for ``ConfigSpace.columns`` (features, limits)."""
 
     def __init__(self, op: Conv2dOp, k: dict[str, Any]) -> None:
-        self.ic_bn = k["tile_ic"][1]
+        self.op = op
+        self.ic_bn = factors(k["tile_ic"])[1]
         self.cb = op.c // self.ic_bn
-        self.oc_bn = k["tile_oc"][1]
+        self.oc_bn = factors(k["tile_oc"])[1]
         self.kb = op.co // self.oc_bn
-        self.reg_n = k["tile_ow"][1]
+        self.reg_n = factors(k["tile_ow"])[1]
         self.owb = op.ow // self.reg_n
-        self.oh_f = int(k.get("tile_oh", 1))
+        self.oh_f = k.get("tile_oh", 1)
         self.ohb = -(-op.oh // self.oh_f)
         # a 1x1 kernel's kw loop has one step: nothing left to unroll
-        self.unroll_kw = bool(k.get("unroll_kw", True))
-        self.vec = int(k["vec"])
-        self.wg = int(k["wg"])
-        self.nvec = max(self.oc_bn // self.vec, 1)
+        self.unroll_kw = k.get("unroll_kw", True)
+        self.vec = k["vec"]
+        self.wg = k["wg"]
+        self.nvec = _at_least_1(self.oc_bn // self.vec)
         self.acc = self.oh_f * self.reg_n * self.oc_bn
         self.groups_x = -(-self.owb // self.wg)
         self.work_items = op.n * self.kb * self.ohb * self.owb
         self.groups = op.n * self.kb * self.ohb * self.groups_x
-        sh, sw = op.stride
-        dh, dw = op.dilation
-        pt, pl = op.pad[0], op.pad[1]
+        sh, dh = op.stride[0], op.dilation[0]
         # static bounds: which sides of the input window can leave the image
-        self.check_top = pt > 0
-        self.check_bottom = (op.oh - 1) * sh - pt + (op.kh - 1) * dh >= op.h
+        self.check_top = op.pad[0] > 0
+        self.check_bottom = (op.oh - 1) * sh - op.pad[0] + (op.kh - 1) * dh >= op.h
         self.row_tail = op.oh % self.oh_f != 0
-        self.border_blocks = [
-            b for b in range(self.owb)
-            if b * self.reg_n * sw - pl < 0
-            or ((b + 1) * self.reg_n - 1) * sw - pl + (op.kw - 1) * dw >= op.w]
-        # share of x blocks that run a border copy of the reduction
-        self.border_fraction = len(self.border_blocks) / self.owb
+
+    @property
+    def border_blocks(self) -> list[int]:
+        """The x blocks whose input window leaves the image (one config: codegen)."""
+        return _border_blocks(self.op, int(self.reg_n))
+
+    @property
+    def border_count(self) -> Any:
+        """How many x blocks run a border copy of the reduction, per config."""
+        if not np.ndim(self.reg_n):
+            return len(self.border_blocks)
+        # reg_n takes few values (divisors of OW): count each once, then look up
+        table = np.zeros(int(np.max(self.reg_n)) + 1, dtype=np.int64)
+        for reg_n in np.unique(self.reg_n):
+            table[reg_n] = len(_border_blocks(self.op, int(reg_n)))
+        return table[self.reg_n]
+
+
+def _border_blocks(op: Conv2dOp, reg_n: int) -> list[int]:
+    sw, dw, pl = op.stride[1], op.dilation[1], op.pad[1]
+    return [b for b in range(op.ow // reg_n)
+            if b * reg_n * sw - pl < 0
+            or ((b + 1) * reg_n - 1) * sw - pl + (op.kw - 1) * dw >= op.w]
+
+
+def _at_least_1(value: Any) -> Any:
+    return np.maximum(value, 1) if np.ndim(value) else max(value, 1)
+
+
+def _vec_rule(p: _Plan) -> Rule:
+    """The kernel splits each oc_bn block into vectors of vec lanes: vec must divide it."""
+    return Rule(ok=p.oc_bn % p.vec == 0,
+                message="vec {vec} does not divide the output-channel block {oc_bn}",
+                values={"vec": p.vec, "oc_bn": p.oc_bn})
 
 
 def _hex(e: int) -> str:

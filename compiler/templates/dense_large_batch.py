@@ -8,14 +8,26 @@ weights in local memory, and each thread accumulates its register tile.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from compiler.templates.base import Buffer, Epilogue, Kernel, Template, epilogue_buffers
+import numpy as np
+
+from compiler.templates.base import (
+    Buffer,
+    Epilogue,
+    Kernel,
+    Template,
+    Usage,
+    ceil_div,
+    epilogue_buffers,
+    factors,
+    log2,
+    split_features,
+)
 from compiler.templates.emit import AUTO, VTHREAD, Unroll, indent, loop_nest, signature
 from compiler.templates.ops import DenseOp
-from compiler.templates.space import ConfigError, ConfigSpace, SplitKnob
-from schemas import Config, DeviceLimits, Workload
+from compiler.templates.space import ConfigSpace, SplitKnob
+from schemas import Config, Workload
 
 _VTHREADS = {2**x for x in range(1, 7)}
 _THREADS = {2**x for x in range(3, 7)}
@@ -64,38 +76,30 @@ class DenseLargeBatch(Template):
         }
         return space.to_config(values)
 
-    def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits) -> list[str]:
-        try:
-            t = _Tiles(self.decode(workload, config))
-        except ConfigError as err:
-            return [str(err)]
-        problems = []
-        if t.threads > limits.max_threads_per_block:
-            problems.append(f"{t.threads} threads per block > {limits.max_threads_per_block}")
-        if t.tx > limits.max_thread_x or t.ty > limits.max_thread_y:
-            problems.append(f"{t.tx}x{t.ty} threads exceed the x/y limits "
-                            f"{limits.max_thread_x}x{limits.max_thread_y}")
-        if t.shared_bytes > limits.max_shared_memory_per_block:
-            problems.append(
-                f"{t.shared_bytes} bytes of local memory > {limits.max_shared_memory_per_block}"
-            )
-        if t.acc_size > limits.max_local_elements:
-            problems.append(f"{t.acc_size} accumulators per thread > {limits.max_local_elements}")
-        return problems
+    def _usage(self, op: DenseOp, knobs: dict[str, np.ndarray]) -> Usage:
+        t = _Tiles(knobs)
+        return Usage(threads=t.threads, threads_x=t.tx, threads_y=t.ty,
+                     shared_bytes=t.shared_bytes, local_elements=t.acc_size)
 
-    def features(self, workload: Workload, config: Config) -> dict[str, float]:
-        op = self.parse(workload)
-        k = self.decode(workload, config)
-        t = _Tiles(k)
-        feats = {f"{name}.{i}": math.log2(f) for name in ("tile_x", "tile_y", "tile_k")
-                 for i, f in enumerate(k[name])}
+    def _feature_columns(self, op: DenseOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
+        t = _Tiles(knobs)
+        feats: dict[str, Any] = split_features(knobs, "tile_x", "tile_y", "tile_k")
         blocks = t.bx * t.by
+        k_tile = t.kt * t.ki
+        # elements staged in local memory per ko step (one global load each)
+        fetched = (t.block_x + t.block_y) * k_tile
         feats.update(
-            log_threads=math.log2(t.threads),
-            log_blocks=math.log2(blocks),
-            log_acc=math.log2(t.acc_size),
-            log_shared_bytes=math.log2(t.shared_bytes),
-            flops_per_shared_load=op.flops / (blocks * t.ko * (t.block_x + t.block_y) * t.kt * t.ki),
+            log_threads=log2(t.threads),
+            log_blocks=log2(blocks),
+            log_acc=log2(t.acc_size),
+            log_shared_bytes=log2(t.shared_bytes),
+            flops_per_shared_load=op.flops / (blocks * t.ko * fetched),
+            log_vthreads=log2(t.vx * t.vy),
+            log_inner_reduction=log2(k_tile),
+            # multiply-adds per distinct local-memory value a thread reads per k
+            register_reuse=t.acc_size / (t.vx * t.xi + t.vy * t.yi),
+            log_fetch_per_thread=log2(ceil_div(fetched, t.threads)),
+            warp_efficiency=t.threads / (32 * ceil_div(t.threads, 32)),
         )
         return feats
 
@@ -165,10 +169,13 @@ class DenseLargeBatch(Template):
 
 
 class _Tiles:
+    """Tile extents of a config (ints, for codegen) or of many (arrays [n], for
+    features and limits)."""
+
     def __init__(self, k: dict[str, Any]) -> None:
-        self.bx, self.vx, self.tx, self.xi = k["tile_x"]
-        self.by, self.vy, self.ty, self.yi = k["tile_y"]
-        self.ko, self.kt, self.ki = k["tile_k"]
+        self.bx, self.vx, self.tx, self.xi = factors(k["tile_x"])
+        self.by, self.vy, self.ty, self.yi = factors(k["tile_y"])
+        self.ko, self.kt, self.ki = factors(k["tile_k"])
         self.block_x = self.vx * self.tx * self.xi
         self.block_y = self.vy * self.ty * self.yi
         self.threads = self.tx * self.ty

@@ -30,16 +30,26 @@ the store of the register tile; the output is plain row-major [M, N].
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
-from compiler.templates.base import Buffer, Epilogue, Kernel, Template, epilogue_buffers
+from compiler.templates.base import (
+    Buffer,
+    Epilogue,
+    Kernel,
+    Template,
+    Usage,
+    ceil_div,
+    epilogue_buffers,
+    factors,
+    log2,
+    split_features,
+)
 from compiler.templates.emit import signature
 from compiler.templates.ops import DenseOp
-from compiler.templates.space import ConfigError, ConfigSpace, SplitKnob, divisors
-from schemas import Config, DeviceLimits, Workload
+from compiler.templates.space import ConfigSpace, SplitKnob, divisors
+from schemas import Config, Workload
 
 # Most multiply-adds written out per step of the reduction loop: a (yi x xi) tile times
 # the unrolled k values. PoCL compiles 1024 in well under a second; whole chunks of
@@ -53,6 +63,7 @@ DEFAULT_KI = 8
 
 class DensePack(Template):
     name = "dense_pack.x86"
+    thread_word, thread_one, group_word = "work-items", "work-item", "group"
     packs_weight = True
 
     def parse(self, workload: Workload) -> DenseOp:
@@ -104,42 +115,36 @@ class DensePack(Template):
         }
         return space.to_config(values)
 
-    def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits) -> list[str]:
-        try:
-            t = _Tiles(self.decode(workload, config))
-        except ConfigError as err:
-            return [str(err)]
-        problems = []
-        if t.items > limits.max_threads_per_block:
-            problems.append(f"{t.items} work-items per group > {limits.max_threads_per_block}")
-        if t.xo > limits.max_thread_x or t.yo > limits.max_thread_y:
-            problems.append(f"{t.xo}x{t.yo} work-items exceed the x/y limits "
-                            f"{limits.max_thread_x}x{limits.max_thread_y}")
-        if t.acc > limits.max_local_elements:
-            problems.append(f"{t.acc} accumulators per work-item > {limits.max_local_elements}")
-        return problems
+    def _usage(self, op: DenseOp, knobs: dict[str, np.ndarray]) -> Usage:
+        t = _Tiles(knobs)
+        return Usage(threads=t.items, threads_x=t.xo, threads_y=t.yo, local_elements=t.acc)
 
-    def features(self, workload: Workload, config: Config) -> dict[str, float]:
-        op = self.parse(workload)
-        t = _Tiles(self.decode(workload, config))
-        feats = {f"{name}.{i}": math.log2(f)
-                 for name, value in (("tile_y", (t.yt, t.yo, t.yi)),
-                                     ("tile_x", (t.xt, t.xo, t.xi)),
-                                     ("tile_k", (t.ko, t.ki)))
-                 for i, f in enumerate(value)}
+    def _feature_columns(self, op: DenseOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
+        t = _Tiles(knobs)
+        feats: dict[str, Any] = split_features(knobs, "tile_y", "tile_x", "tile_k")
         feats.update(
-            log_groups=math.log2(t.groups),
-            log_items=math.log2(t.items),
-            log_acc=math.log2(t.acc),
-            log_unroll=math.log2(t.unroll * t.acc),
-            bn_vec16=float(t.xi % 16 == 0),
-            bn_vec8=float(t.xi % 8 == 0),
-            bn_vec4=float(t.xi % 4 == 0),
+            log_groups=log2(t.groups),
+            log_items=log2(t.items),
+            log_acc=log2(t.acc),
+            log_unroll=log2(t.unroll * t.acc),
+            bn_vec16=t.xi % 16 == 0,
+            bn_vec8=t.xi % 8 == 0,
+            bn_vec4=t.xi % 4 == 0,
             # loads per multiply-add: weights (1 / yi) + data (1 / xi)
             loads_per_fma=1.0 / t.yi + 1.0 / t.xi,
             # bytes of packed weight one group streams, and of data it rereads
-            log_group_weight_bytes=math.log2(4 * t.xo * t.xi * op.in_dim),
-            log_group_data_bytes=math.log2(4 * t.yo * t.yi * op.in_dim),
+            log_group_weight_bytes=log2(4 * t.xo * t.xi * op.in_dim),
+            log_group_data_bytes=log2(4 * t.yo * t.yi * op.in_dim),
+            # parallelism: work-items over the whole grid
+            log_work_items=log2(t.groups * t.items),
+            # k values written out per step, and the sub-chunks of ki they run in
+            log_unroll_k=log2(t.unroll),
+            log_unroll_chunks=log2(t.ki // t.unroll),
+            # accumulator registers at 16 lanes, and the share of their lanes in use
+            log_vector_acc=log2(t.yi * ceil_div(t.xi, 16)),
+            lane_use16=t.xi / (16 * ceil_div(t.xi, 16)),
+            # bytes a work-item loads per ko step (a ki-chunk of its rows and packed weights)
+            log_step_bytes=log2(4 * (t.yi + t.xi) * t.ki),
         )
         return feats
 
@@ -223,16 +228,28 @@ def _lane_divisor(extent: int, cap: int) -> int:
 
 
 class _Tiles:
+    """Tile extents of a config (ints, for codegen) or of many (arrays [n], for
+    features and limits)."""
+
     def __init__(self, k: dict[str, Any]) -> None:
-        self.yt, self.yo, self.yi = k["tile_y"]
-        self.xt, self.xo, self.xi = k["tile_x"]
-        self.ko, self.ki = k["tile_k"]
+        self.yt, self.yo, self.yi = factors(k["tile_y"])
+        self.xt, self.xo, self.xi = factors(k["tile_x"])
+        self.ko, self.ki = factors(k["tile_k"])
         self.groups = self.xt * self.yt
         self.items = self.xo * self.yo
         self.acc = self.yi * self.xi
-        # k values written out per step: the largest divisor of ki within the budget
-        self.unroll = max([d for d in divisors(self.ki) if d * self.acc <= UNROLL_BUDGET],
-                          default=1)
+        self.unroll = _unroll(self.ki, self.acc)
+
+
+def _unroll(ki: Any, acc: Any) -> Any:
+    """k values written out per step: the largest divisor d of ki with d * acc within
+    UNROLL_BUDGET (1 when none is); an int for ints, an array for arrays."""
+    ki_arr, acc_arr = np.asarray(ki), np.asarray(acc)
+    best = np.ones(np.broadcast(ki_arr, acc_arr).shape, dtype=np.int64)
+    # every ki divides their lcm (itself a divisor of K): its divisors are the candidates
+    for d in divisors(int(np.lcm.reduce(ki_arr.reshape(-1)))):
+        best = np.where((ki_arr % d == 0) & (d * acc_arr <= UNROLL_BUDGET), d, best)
+    return best if best.ndim else int(best)
 
 
 TEMPLATE = DensePack()

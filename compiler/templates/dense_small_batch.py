@@ -7,14 +7,26 @@ memory. Suited to batch 1-16, where the output has too few elements to tile.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from compiler.templates.base import Buffer, Epilogue, Kernel, Template, epilogue_buffers
+import numpy as np
+
+from compiler.templates.base import (
+    Buffer,
+    Epilogue,
+    Kernel,
+    Template,
+    Usage,
+    ceil_div,
+    epilogue_buffers,
+    factors,
+    log2,
+    split_features,
+)
 from compiler.templates.emit import signature
 from compiler.templates.ops import DenseOp
-from compiler.templates.space import ConfigError, ConfigSpace, SplitKnob
-from schemas import Config, DeviceLimits, Workload
+from compiler.templates.space import ConfigSpace, SplitKnob
+from schemas import Config, Workload
 
 
 class DenseSmallBatch(Template):
@@ -33,29 +45,26 @@ class DenseSmallBatch(Template):
         assert isinstance(knob, SplitKnob)
         return space.to_config({"tile_k": knob.nearest((64,))})
 
-    def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits) -> list[str]:
-        try:
-            _, kf = self.decode(workload, config)["tile_k"]
-        except ConfigError as err:
-            return [str(err)]
-        problems = []
-        if kf > limits.max_threads_per_block or kf > limits.max_thread_x:
-            problems.append(f"{kf} threads per block > {min(limits.max_threads_per_block, limits.max_thread_x)}")
-        if 4 * kf > limits.max_shared_memory_per_block:
-            problems.append(f"{4 * kf} bytes of local memory > {limits.max_shared_memory_per_block}")
-        return problems
+    def _usage(self, op: DenseOp, knobs: dict[str, np.ndarray]) -> Usage:
+        _, kf = factors(knobs["tile_k"])
+        # kf threads along x, each with one partial sum in local memory
+        return Usage(threads=kf, threads_x=kf, shared_bytes=4 * kf)
 
-    def features(self, workload: Workload, config: Config) -> dict[str, float]:
-        op = self.parse(workload)
-        ko, kf = self.decode(workload, config)["tile_k"]
-        return {
-            "tile_k.0": math.log2(ko),
-            "tile_k.1": math.log2(kf),
-            "log_threads": math.log2(kf),
-            "log_blocks": math.log2(op.batch * op.out_dim),
-            "kf_pow2": float(kf & (kf - 1) == 0),
-            "kf_over_warp": kf / 32.0,
-        }
+    def _feature_columns(self, op: DenseOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
+        _, kf = factors(knobs["tile_k"])
+        pow2 = (kf & (kf - 1)) == 0
+        feats: dict[str, Any] = split_features(knobs, "tile_k")
+        feats.update(
+            log_threads=log2(kf),
+            log_blocks=log2(op.batch * op.out_dim),
+            kf_pow2=pow2,
+            kf_over_warp=kf / 32.0,
+            log_shared_bytes=log2(4 * kf),
+            warp_efficiency=kf / (32 * ceil_div(kf, 32)),
+            # barrier-separated halving steps of the tree (one more folds a non-power-of-2 tail)
+            tree_steps=np.floor(np.log2(kf)) + np.logical_not(pow2),
+        )
+        return feats
 
     def _codegen(self, op: DenseOp, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel:
         ko, kf = knobs["tile_k"]

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
+import numpy as np
+
 from schemas import Config, KnobEntity
 
 
@@ -143,6 +145,15 @@ class OtherKnob:
 Knob = SplitKnob | OtherKnob
 
 
+def _value_table(knob: Knob) -> np.ndarray:
+    # cached on the (frozen) knob: spaces are cached per workload, so this is built once
+    table = knob.__dict__.get("_table")
+    if table is None:
+        table = np.array(knob.values)
+        object.__setattr__(knob, "_table", table)
+    return table
+
+
 class ConfigSpace:
     """The product of a template's knobs for one workload."""
 
@@ -174,6 +185,33 @@ class ConfigSpace:
             index += knob.index_of(values[knob.name]) * stride
             stride *= len(knob)
         return index
+
+    @property
+    def radices(self) -> np.ndarray:
+        """Each knob's number of values, in definition order (first least significant)."""
+        return np.array([len(k) for k in self.knobs], dtype=np.int64)
+
+    def positions(self, indices: np.ndarray) -> np.ndarray:
+        """[n, knobs] value positions of ``indices`` (vectorised ``values_at``)."""
+        rest = np.asarray(indices, dtype=np.int64).copy()
+        out = np.empty((rest.shape[0], len(self.knobs)), dtype=np.int64)
+        for j, radix in enumerate(self.radices):
+            rest, out[:, j] = np.divmod(rest, radix)
+        return out
+
+    def indices(self, positions: np.ndarray) -> np.ndarray:
+        """Inverse of ``positions``."""
+        strides = np.cumprod(np.concatenate(([1], self.radices[:-1])))
+        return np.asarray(positions, dtype=np.int64) @ strides
+
+    def columns(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """Knob values of ``indices`` as arrays: a split knob gives [n, num_outputs]
+        factors, any other knob [n] values (what ``values_at`` gives, one row per index)."""
+        pos = self.positions(indices)
+        out: dict[str, np.ndarray] = {}
+        for j, knob in enumerate(self.knobs):
+            out[knob.name] = _value_table(knob)[pos[:, j]]
+        return out
 
     def get(self, index: int) -> Config:
         return self.to_config(self.values_at(index))

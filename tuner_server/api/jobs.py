@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from schemas import MeasureOptions, Target, Workload
 from tuner_server.api.deps import MAX_ID, PathId, get_session, require
+from tuner_server.search import DEFAULT_TUNER, TUNERS
 from tuner_server.services import jobs as svc
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -19,7 +20,7 @@ class JobRequest(BaseModel):
     target: Target
     tasks: list[Workload] = Field(min_length=1, max_length=1000)
     n_trial: int = Field(64, ge=1, le=1_000_000, description="trials per task")
-    tuner: str = "random"
+    tuner: str = Field(DEFAULT_TUNER, description="one of: " + ", ".join(sorted(TUNERS)))
     early_stopping: int | None = Field(None, ge=1)
     plan_size: int = Field(16, ge=1, le=4096)
     measure: MeasureOptions = MeasureOptions()

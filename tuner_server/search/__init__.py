@@ -4,9 +4,14 @@ measure results, never HTTP or SQL; the scheduler feeds them and stores what the
 from __future__ import annotations
 
 from tuner_server.search.base import Tuner
+from tuner_server.search.ga import GATuner
+from tuner_server.search.grid import GridTuner
+from tuner_server.search.lgbm import LGBMTuner
 from tuner_server.search.random import RandomTuner
 
-TUNERS: dict[str, type[Tuner]] = {RandomTuner.name: RandomTuner}
+TUNERS: dict[str, type[Tuner]] = {t.name: t for t in (RandomTuner, GridTuner, GATuner,
+                                                      LGBMTuner)}
+DEFAULT_TUNER = LGBMTuner.name
 
 
 def make_tuner(name: str, **kwargs: object) -> Tuner:
@@ -17,4 +22,4 @@ def make_tuner(name: str, **kwargs: object) -> Tuner:
     return cls(**kwargs)  # type: ignore[arg-type]
 
 
-__all__ = ["TUNERS", "Tuner", "make_tuner"]
+__all__ = ["DEFAULT_TUNER", "TUNERS", "Tuner", "make_tuner"]

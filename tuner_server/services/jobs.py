@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from compiler.templates import get_template
 from schemas import MeasureOptions, Target, Workload
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow
-from tuner_server.search import TUNERS
+from tuner_server.search import DEFAULT_TUNER, TUNERS
 
 FINAL = ("done", "cancelled", "failed")
 
@@ -25,7 +25,7 @@ class JobSpec:
     target: Target
     workloads: list[Workload]
     n_trial: int
-    tuner: str = "random"
+    tuner: str = DEFAULT_TUNER
     early_stopping: int | None = None
     plan_size: int = 16
     measure: MeasureOptions = MeasureOptions()

@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -17,7 +18,8 @@ from compiler.templates import get_template
 from schemas import Config, DeviceLimits, MeasureResult, Record, Target, Workload
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import DispatchQueue, queue_matches, queue_name
-from tuner_server.search import make_tuner
+from tuner_server.search import TUNERS, Tuner, make_tuner
+from tuner_server.search.transfer import Example, GlobalModels
 from tuner_server.services import dispatch
 from tuner_server.services.jobs import withdraw_queued
 
@@ -30,6 +32,53 @@ class PassStats:
     planned: int = 0
     requeued: int = 0
     given_up: int = 0
+
+
+@dataclass
+class SearchState:
+    """What the scheduler keeps between passes to search faster; all of it can be lost
+    (a restart rebuilds it from the database): the global cost models, and each running
+    task's tuner (its annealing chains)."""
+
+    global_models: GlobalModels = field(default_factory=GlobalModels)
+    tuners: OrderedDict[tuple[int, str], Tuner] = field(default_factory=OrderedDict)
+    max_tuners: int = 256
+
+    def tuner(self, job: JobRow, task: TaskRow, limits: DeviceLimits | None,
+              session: Session) -> Tuner:
+        key = (task.id, repr(limits))
+        tuner = self.tuners.get(key)
+        if tuner is None or tuner.name != job.tuner:
+            template = get_template(task.template)
+            kwargs: dict[str, object] = {}
+            if TUNERS[job.tuner].uses_prior:
+                kind = Target.parse(job.target).kind
+                kwargs["prior"] = self.global_models.get(
+                    template, kind, lambda: _count_records(session, template.name, kind),
+                    lambda: _examples(session, template.name, kind))
+            tuner = make_tuner(job.tuner, template=template,
+                               workload=Workload(template=task.template, args=task.args),
+                               limits=limits, seed=job.id * 7919 + task.id, **kwargs)
+            self.tuners[key] = tuner
+        self.tuners.move_to_end(key)
+        while len(self.tuners) > self.max_tuners:
+            self.tuners.popitem(last=False)
+        return tuner
+
+
+def _count_records(session: Session, template: str, kind: str) -> int:
+    return session.scalar(select(func.count()).select_from(RecordRow).where(
+        RecordRow.template == template, RecordRow.target_kind == kind)) or 0
+
+
+def _examples(session: Session, template: str, kind: str) -> Iterator[Example]:
+    """Every record of ``template`` on targets of ``kind``: the global model's data."""
+    rows = session.execute(select(RecordRow.line, RecordRow.target_model).where(
+        RecordRow.template == template, RecordRow.target_kind == kind))
+    for line, model in rows:
+        record = Record.from_json(line)
+        perf = 1.0 / record.result.mean_cost if record.result.ok else 0.0
+        yield record.workload, record.config, perf, model
 
 
 def _limits_for(session: Session, job_target: Target) -> DeviceLimits | None:
@@ -56,7 +105,7 @@ def _stopped_early(task: TaskRow, job: JobRow) -> bool:
 
 
 def _plan_task(session: Session, job: JobRow, task: TaskRow,
-               limits: DeviceLimits | None) -> list[TrialRow]:
+               limits: DeviceLimits | None, state: SearchState) -> list[TrialRow]:
     outstanding = session.scalar(select(func.count()).select_from(TrialRow).where(
         TrialRow.task_id == task.id, TrialRow.status.in_(("queued", "leased")))) or 0
     if task.trials_done >= job.n_trial or _stopped_early(task, job):
@@ -67,9 +116,8 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow,
     want = min(job.plan_size, job.n_trial - task.trials_planned)
     if outstanding >= job.plan_size or want <= 0:
         return []
-    workload = Workload(template=task.template, args=task.args)
-    tuner = make_tuner(job.tuner, template=get_template(task.template), workload=workload,
-                       limits=limits, seed=job.id * 7919 + task.id)
+    tuner = state.tuner(job, task, limits, session)
+    workload = tuner.workload
     visited = set(session.scalars(select(TrialRow.config_index)
                                   .where(TrialRow.task_id == task.id)))
     history = _history(session, task.id) if tuner.needs_history else []
@@ -95,9 +143,10 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow,
     return trials
 
 
-def plan_once(session: Session, queue: DispatchQueue) -> tuple[PassStats, list[TrialRow],
-                                                                list[TrialRow]]:
+def plan_once(session: Session, queue: DispatchQueue, state: SearchState | None = None
+              ) -> tuple[PassStats, list[TrialRow], list[TrialRow]]:
     """One scheduling pass in the caller's transaction; returns what to tell the queue."""
+    state = state or SearchState()
     stats = PassStats()
     if session.get_bind().dialect.name == "postgresql":
         # one planner at a time across API replicas
@@ -112,7 +161,7 @@ def plan_once(session: Session, queue: DispatchQueue) -> tuple[PassStats, list[T
         for task in tasks:
             if task.status in ACTIVE:
                 try:
-                    new += _plan_task(session, job, task, limits)
+                    new += _plan_task(session, job, task, limits, state)
                 except Exception as err:  # a broken task fails its job, not the server
                     log.exception("planning task %s failed", task.id)
                     task.status, job.status, job.error = "failed", "failed", str(err)
@@ -133,6 +182,7 @@ class Scheduler:
                  interval: float = 0.2, on_pass: Callable[[PassStats], None] | None = None):
         self._sessions, self._queue, self._interval = sessions, queue, interval
         self._on_pass = on_pass
+        self.search = SearchState()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tuner-scheduler", daemon=True)
 
@@ -145,7 +195,7 @@ class Scheduler:
 
     def run_pass(self) -> PassStats:
         with self._sessions.begin() as session:
-            stats, new, requeued = plan_once(session, self._queue)
+            stats, new, requeued = plan_once(session, self._queue, self.search)
         if new:
             self._queue.pushed(new)
         if requeued:

@@ -1,0 +1,131 @@
+"""Model-based search: a LightGBM LambdaRank cost model, refitted on the task's records
+every plan, ranks candidates found by simulated annealing (or, where the valid configs
+can be listed, all of them); a diversity filter spreads the plan and a share of it is
+random. With a global model (transfer), the first plans are guided before anything of
+this task was measured, and the global model's weight decays as the task's own records
+grow."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from compiler.templates import Template
+from schemas import Config, DeviceLimits, Workload
+from tuner_server.search.base import History, Tuner, throughput
+from tuner_server.search.cost_model import CostModel, FitParams
+from tuner_server.search.sa import PoolWalk, Score, SimulatedAnnealing, SpaceWalk
+from tuner_server.search.transfer import GlobalModel
+
+EXPLORERS = ("auto", "sa", "exhaustive")
+Predict = Callable[[np.ndarray], np.ndarray]  # features -> scores
+
+
+class LGBMTuner(Tuner):
+    name = "lgbm"
+    needs_history = True
+    uses_prior = True
+
+    def __init__(self, template: Template, workload: Workload,
+                 limits: DeviceLimits | None = None, seed: int = 0,
+                 pool: Sequence[int] | np.ndarray | None = None,
+                 prior: GlobalModel | None = None, explorer: str = "auto",
+                 epsilon: float = 0.1, min_fit: int = 8, decay: float = 32.0,
+                 diversity: float = 2.0, fit: FitParams | None = None) -> None:
+        super().__init__(template, workload, limits, seed, pool)
+        if explorer not in EXPLORERS:
+            raise ValueError(f"explorer {explorer!r} is not one of {', '.join(EXPLORERS)}")
+        self.prior, self.explorer = prior, explorer
+        self.epsilon, self.min_fit, self.decay, self.diversity = epsilon, min_fit, decay, diversity
+        self.fit_params = fit or FitParams()
+        walk = PoolWalk(self.space, self.pool) if self.pool is not None else SpaceWalk(self.space)
+        self.annealer = SimulatedAnnealing(walk)
+
+    def prior_weight(self, n_ok: int, has_local: bool) -> float:
+        """The global model's share of the score: all of it before the task's own model
+        exists, half at ``decay`` working records of the task, then less and less."""
+        if self.prior is None:
+            return 0.0
+        return self.decay / (self.decay + n_ok) if has_local else 1.0
+
+    def next_batch(self, n: int, visited: set[int], history: History = ()) -> list[Config]:
+        rng = self.rng(visited)
+        indices, perf = throughput(history)
+        n_ok = int((perf > 0).sum())
+        local = None
+        if n_ok >= 2 and len(history) >= self.min_fit:
+            local = CostModel(self.fit_params, self.seed).fit(
+                self.template.feature_matrix(self.workload, indices), perf)
+        if local is None and self.prior is None:
+            return self.configs(self.random_indices(n, visited, rng))
+        score = self._scorer(local, self.prior_weight(n_ok, local is not None), indices, rng)
+        n_random = int(round(self.epsilon * n)) if n > 2 else 0
+        picks = self._explore(score, n - n_random, visited, indices, perf, rng)
+        extra = self.random_indices(n - len(picks), visited, rng, exclude=set(picks))
+        return self.configs(picks + extra.tolist())
+
+    def _scorer(self, local: CostModel | None, weight: float, measured: np.ndarray,
+                rng: np.random.Generator) -> Score:
+        """indices -> blended score (-inf where invalid). Each model's score is
+        standardised by its spread on a fixed sample, so that blends are comparable."""
+        models: list[tuple[float, Predict]] = []
+        if self.prior is not None and weight > 0:
+            models.append((weight, self.prior.model.predict))
+        if local is not None and weight < 1:
+            models.append((1 - weight, local.predict))
+        sample = np.concatenate([measured, self.random_indices(256, set(), rng)])
+        feats = self.template.feature_matrix(self.workload, sample)
+        scaled = []
+        for w, predict in models:
+            ref = predict(feats)
+            scaled.append((w, predict, float(ref.mean()), float(ref.std()) or 1.0))
+
+        def score(idx: np.ndarray) -> np.ndarray:
+            out = np.zeros(len(idx))
+            if len(idx):
+                x = self.template.feature_matrix(self.workload, idx)
+                for w, predict, mu, sd in scaled:
+                    out += w * (predict(x) - mu) / sd
+            return np.where(self.valid(idx), out, -np.inf)
+        return score
+
+    def _explore(self, score: Score, n: int, visited: set[int], measured: np.ndarray,
+                 perf: np.ndarray, rng: np.random.Generator) -> list[int]:
+        """The plan's model-chosen part: the top candidates, spread by diversity."""
+        want = max(int(self.diversity * n), n)
+        listed = self.candidates(visited) if self.explorer != "sa" else None
+        if listed is not None:
+            scores = score(listed)
+            top = np.argsort(-scores)[:want]
+            cand, cand_scores = listed[top], scores[top]
+        else:
+            best = measured[np.argsort(-perf)][: self.annealer.n_chains // 2] if len(perf) else (
+                np.empty(0, np.int64))
+            start = np.concatenate([best, self.random_indices(self.annealer.n_chains, set(),
+                                                              rng)])
+            cand, cand_scores = self.annealer.explore(
+                score, want, start, lambda idx: ~self.unvisited(idx, visited), rng)
+        keep = np.isfinite(cand_scores)
+        return diverse_pick(self.space.positions(cand[keep]), cand[keep], cand_scores[keep], n)
+
+
+def diverse_pick(positions: np.ndarray, indices: np.ndarray, scores: np.ndarray,
+                 n: int, score_weight: float = 0.05) -> list[int]:
+    """Greedy submodular pick among the top candidates (AutoTVM's diversity filter):
+    each step takes the candidate with the largest share of knob values not yet in the
+    pick; the model's score (standardised, times ``score_weight``) breaks near-ties. A
+    plan then covers its candidates' neighbourhoods instead of collapsing onto one."""
+    if len(indices) <= n:
+        return indices.tolist()
+    z = (scores - scores.mean()) / (scores.std() or 1.0)
+    covered = np.zeros_like(positions, dtype=bool)
+    chosen: list[int] = []
+    free = np.ones(len(indices), dtype=bool)
+    for _ in range(n):
+        gain = np.where(free, (~covered).mean(axis=1) + score_weight * z, -np.inf)
+        best = int(np.argmax(gain))
+        chosen.append(int(indices[best]))
+        free[best] = False
+        covered |= positions == positions[best]
+    return chosen

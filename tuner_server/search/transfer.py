@@ -1,0 +1,84 @@
+"""Transfer learning: one global cost model per (template, target kind), fitted on
+every record the database holds for them (other workloads, other device models,
+TopHub imports), warm-starts the search of a new task."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.templates import ConfigError, Template
+from schemas import Config, Workload
+from tuner_server.search.cost_model import CostModel, FitParams
+
+# (workload, config, throughput; 0 for a failed config, the group: device model)
+Example = tuple[Workload, Config, float, str]
+
+
+@dataclass
+class GlobalModel:
+    """A cost model over many workloads of one template; scores configs of any of them."""
+
+    template: Template
+    model: CostModel
+    n_records: int
+    n_workloads: int
+
+    def score(self, workload: Workload, indices: np.ndarray) -> np.ndarray:
+        return self.model.predict(self.template.feature_matrix(workload, indices))
+
+
+def fit_global(template: Template, examples: Iterable[Example],
+               params: FitParams | None = None, seed: int = 0) -> GlobalModel | None:
+    """Fitted on ``examples`` grouped by (workload, device); None when no group has a
+    working config to learn from. Configs outside this version's space are skipped."""
+    by_group: dict[tuple[Workload, str], tuple[list[int], list[float]]] = {}
+    for workload, config, perf, device in examples:
+        try:
+            space = template.space(workload)
+            index = space.index_of(space.decode(config))
+        except (ConfigError, ValueError):
+            continue
+        rows = by_group.setdefault((workload, device), ([], []))
+        rows[0].append(index)
+        rows[1].append(perf)
+    feats, perfs, groups = [], [], []
+    for g, ((workload, _device), (indices, perf)) in enumerate(by_group.items()):
+        if max(perf) <= 0:
+            continue
+        feats.append(template.feature_matrix(workload, np.array(indices, dtype=np.int64)))
+        perfs.append(np.array(perf))
+        groups.append(np.full(len(perf), g))
+    if not feats:
+        return None
+    model = CostModel(params, seed).fit(np.concatenate(feats), np.concatenate(perfs),
+                                        np.concatenate(groups))
+    return GlobalModel(template, model, model.n_fit,
+                       len({w for w, _ in by_group}))
+
+
+class GlobalModels:
+    """The server's cache of global models: refitted when the records they were fitted
+    on grew by ``refit_growth`` (or on first use); shared by every task's tuner."""
+
+    def __init__(self, refit_growth: float = 0.2, min_new: int = 64) -> None:
+        self._models: dict[tuple[str, str], tuple[int, GlobalModel | None]] = {}
+        self._lock = threading.Lock()
+        self.refit_growth, self.min_new = refit_growth, min_new
+
+    def get(self, template: Template, target_kind: str, count: Callable[[], int],
+            load: Callable[[], Iterable[Example]]) -> GlobalModel | None:
+        key = (template.name, target_kind)
+        n = count()
+        with self._lock:
+            cached = self._models.get(key)
+            if cached is not None:
+                fitted_at, model = cached
+                if n - fitted_at < max(self.min_new, self.refit_growth * fitted_at):
+                    return model
+            model = fit_global(template, load()) if n else None
+            self._models[key] = (n, model)
+            return model
