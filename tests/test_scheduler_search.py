@@ -1,0 +1,62 @@
+"""The scheduler feeds the search: an lgbm job on a database that already holds TopHub
+records of other workloads starts from a global model fitted on them (transfer), plans
+the template's default config first, then new configs, within the budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from server_fixtures import TOPHUB_DIR
+from sqlalchemy import select
+
+from compiler.templates import get_template
+from schemas import Config, Target, Workload
+from tuner_server.db.models import TaskRow, TrialRow
+from tuner_server.db.session import make_engine, session_factory, upgrade
+from tuner_server.queue.sql import SqlQueue
+from tuner_server.search.lgbm import LGBMTuner
+from tuner_server.services import jobs, records
+from tuner_server.services.scheduler import SearchState, plan_once
+
+TARGET = Target.parse("cuda -model=h200")
+# a VGG-like layer that no TopHub log holds: nothing of the task itself is known
+WORKLOAD = Workload(template="conv2d_nchw.cuda", args=[
+    ["TENSOR", [1, 96, 40, 40], "float32"], ["TENSOR", [96, 96, 3, 3], "float32"],
+    [1, 1], [1, 1, 1, 1], [1, 1], "float32"])
+
+
+def test_lgbm_job_warm_starts_from_tophub_records(tmp_path: Path) -> None:
+    log = TOPHUB_DIR / "cuda_v0.10.log"
+    if not log.is_file():
+        pytest.skip(f"{log} not found")
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    upgrade(engine)
+    sessions = session_factory(engine)
+    with sessions.begin() as session:
+        report = records.import_lines(session, log.read_text().splitlines())
+        assert report.accepted > 500
+        job_id = jobs.submit(session, jobs.JobSpec(target=TARGET, workloads=[WORKLOAD],
+                                                   n_trial=20, tuner="lgbm", plan_size=16))
+    state = SearchState()
+    with sessions.begin() as session:
+        plan_once(session, SqlQueue(), state)
+    (tuner,) = state.tuners.values()
+    assert isinstance(tuner, LGBMTuner)
+    assert tuner.prior is not None and tuner.prior.n_workloads > 100, (
+        "the TopHub records did not reach the global model")
+    template = get_template(WORKLOAD.template)
+    with sessions.begin() as session:
+        task = session.scalars(select(TaskRow).where(TaskRow.job_id == job_id)).one()
+        planned = [Config.model_validate(t.config) for t in
+                   session.scalars(select(TrialRow).where(TrialRow.task_id == task.id))]
+    assert len(planned) == 16 and len({c.index for c in planned}) == 16
+    assert planned[0].index == template.default_config(WORKLOAD).index
+    assert all(template.decode(WORKLOAD, c) for c in planned)
+    # the rest of the budget (20) is all a second pass may add, once the first is measured
+    with sessions.begin() as session:
+        for trial in session.scalars(select(TrialRow)):
+            trial.status = "done"
+        plan_once(session, SqlQueue(), state)
+        total = session.scalars(select(TrialRow)).all()
+        assert len(total) == 20 and len({t.config_index for t in total}) == 20
