@@ -57,7 +57,8 @@ class Table:
 
 
 def perf(record: Record) -> float:
-    return 1.0 / record.result.mean_cost if record.result.ok else 0.0
+    cost = record.result.mean_cost
+    return 1.0 / cost if record.result.ok and cost > 0 else 0.0
 
 
 def tables(records: list[Record]) -> list[Table]:

@@ -52,7 +52,7 @@ def result(p: float) -> MeasureResult:
 
 def drive(name: str, workload: Workload, trials: int, batch: int, seed: int = 0,
           limits: DeviceLimits | None = None, pool: np.ndarray | None = None,
-          **kwargs: object) -> list[Config]:
+          goal: float | None = None, **kwargs: object) -> list[Config]:
     """Runs a tuner as the scheduler does (one tuner object per task, history fed back)
     and checks the interface's promises on every batch."""
     template = get_template(workload.template)
@@ -78,6 +78,8 @@ def drive(name: str, workload: Workload, trials: int, batch: int, seed: int = 0,
         visited |= set(indices)
         history += [(c, result(perf(c.index))) for c in got]
         proposed += got
+        if goal is not None and max(p for _, r in history for p in [1 / r.mean_cost]) >= goal:
+            break
     return proposed
 
 
@@ -115,7 +117,8 @@ def test_lgbm_is_the_default() -> None:
 def trials_to_best(name: str, pool: np.ndarray, seed: int, **kwargs: object) -> int:
     perf = synthetic(CONV)
     goal = 0.95 * max(perf(int(i)) for i in pool)
-    got = drive(name, CONV, trials=len(pool), batch=8, seed=seed, pool=pool, **kwargs)
+    got = drive(name, CONV, trials=len(pool), batch=8, seed=seed, pool=pool, goal=goal,
+                **kwargs)
     for t, c in enumerate(got, 1):
         if perf(c.index) >= goal:
             return t
@@ -239,3 +242,28 @@ def test_diverse_pick_spreads_the_plan() -> None:
     picked = diverse_pick(positions, indices, scores, 6)
     assert picked[0] == 0 and sum(i < 10 for i in picked) == 1, picked
     assert diverse_pick(positions, indices, scores, 6, score_weight=100.0) == list(range(6))
+
+
+def test_lgbm_annealing_chains_continue_across_plans() -> None:
+    template = get_template(CONV.template)
+    perf = synthetic(CONV)
+    tuner = LGBMTuner(template, CONV, limits=TIGHT, seed=4)
+    starts: list[np.ndarray] = []
+    explore = tuner.annealer.explore
+
+    def spy(score, n_best, start, exclude, rng):  # type: ignore[no-untyped-def]
+        starts.append(start.copy())
+        return explore(score, n_best, start, exclude, rng)
+
+    tuner.annealer.explore = spy  # type: ignore[method-assign]
+    visited: set[int] = set()
+    history: list[tuple[Config, MeasureResult]] = []
+    ends = []
+    for _ in range(3):
+        got = tuner.next_batch(16, visited, history)
+        visited |= {c.index for c in got}
+        history += [(c, result(perf(c.index))) for c in got]
+        if tuner.annealer.points is not None:
+            ends.append(tuner.annealer.points.copy())
+    assert len(starts) == 2 and len(ends) == 2  # the first plan is random: no model yet
+    assert set(ends[0].tolist()) <= set(starts[1].tolist()), "the chains restarted"

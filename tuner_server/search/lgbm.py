@@ -50,6 +50,8 @@ class LGBMTuner(Tuner):
         return self.decay / (self.decay + n_ok) if has_local else 1.0
 
     def next_batch(self, n: int, visited: set[int], history: History = ()) -> list[Config]:
+        if n <= 0:
+            return []
         rng = self.rng(visited)
         indices, perf = throughput(history)
         n_ok = int((perf > 0).sum())
@@ -100,10 +102,12 @@ class LGBMTuner(Tuner):
             top = np.argsort(-scores)[:want]
             cand, cand_scores = listed[top], scores[top]
         else:
-            best = measured[np.argsort(-perf)][: self.annealer.n_chains // 2] if len(perf) else (
-                np.empty(0, np.int64))
-            start = np.concatenate([best, self.random_indices(self.annealer.n_chains, set(),
-                                                              rng)])
+            # chains restart from the best measured configs; the rest continue from where
+            # the last plan left them (random points on the first plan)
+            best = measured[np.argsort(-perf)][: self.annealer.n_chains // 2]
+            rest = (self.annealer.points if self.annealer.points is not None
+                    else self.random_indices(self.annealer.n_chains, set(), rng))
+            start = np.concatenate([best, rest])
             cand, cand_scores = self.annealer.explore(
                 score, want, start, lambda idx: ~self.unvisited(idx, visited), rng)
         keep = np.isfinite(cand_scores)

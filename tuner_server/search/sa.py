@@ -81,13 +81,10 @@ class SimulatedAnnealing:
                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """The ``n_best`` highest-scoring points met (valid, not ``exclude``d), best first.
 
-        ``start`` seeds chains (the best measured configs, then random ones); chains
-        left from the last plan keep their places.
+        ``start`` places the chains (the caller passes the best measured configs, then
+        ``self.points``, where the chains of the last call ended: they persist).
         """
-        points = start[: self.n_chains].copy()
-        if self.points is not None and len(points) < self.n_chains:
-            keep = self.points[: self.n_chains - len(points)]
-            points = np.concatenate([points, keep])
+        points = np.asarray(start[: self.n_chains], dtype=np.int64).copy()
         if len(points) == 0:
             return np.empty(0, np.int64), np.empty(0)
         current = score(points)

@@ -4,6 +4,7 @@ TopHub imports), warm-starts the search of a new task."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -14,21 +15,19 @@ from compiler.templates import ConfigError, Template
 from schemas import Config, Workload
 from tuner_server.search.cost_model import CostModel, FitParams
 
+log = logging.getLogger("tuner.search")
 # (workload, config, throughput; 0 for a failed config, the group: device model)
 Example = tuple[Workload, Config, float, str]
 
 
 @dataclass
 class GlobalModel:
-    """A cost model over many workloads of one template; scores configs of any of them."""
+    """A cost model over many workloads of one template; scores configs of any of them
+    (through the template's features, which include the workload's)."""
 
-    template: Template
     model: CostModel
     n_records: int
     n_workloads: int
-
-    def score(self, workload: Workload, indices: np.ndarray) -> np.ndarray:
-        return self.model.predict(self.template.feature_matrix(workload, indices))
 
 
 def fit_global(template: Template, examples: Iterable[Example],
@@ -56,8 +55,7 @@ def fit_global(template: Template, examples: Iterable[Example],
         return None
     model = CostModel(params, seed).fit(np.concatenate(feats), np.concatenate(perfs),
                                         np.concatenate(groups))
-    return GlobalModel(template, model, model.n_fit,
-                       len({w for w, _ in by_group}))
+    return GlobalModel(model, model.n_fit, len({w for w, _ in by_group}))
 
 
 class GlobalModels:
@@ -79,6 +77,12 @@ class GlobalModels:
                 fitted_at, model = cached
                 if n - fitted_at < max(self.min_new, self.refit_growth * fitted_at):
                     return model
-            model = fit_global(template, load()) if n else None
+            previous = cached[1] if cached is not None else None
+            try:
+                model = fit_global(template, load()) if n else None
+            except Exception:  # transfer only speeds a search up: never fail a job on it
+                log.exception("global model of %s on %s: fit failed; keeping the last one",
+                              template.name, target_kind)
+                model = previous
             self._models[key] = (n, model)
             return model

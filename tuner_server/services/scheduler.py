@@ -71,14 +71,25 @@ def _count_records(session: Session, template: str, kind: str) -> int:
         RecordRow.template == template, RecordRow.target_kind == kind)) or 0
 
 
+# The global model learns from the newest records up to this many: a fit stays near a
+# second (bench/tuning.py) inside the scheduler's pass.
+MAX_TRANSFER_RECORDS = 10_000
+
+
 def _examples(session: Session, template: str, kind: str) -> Iterator[Example]:
-    """Every record of ``template`` on targets of ``kind``: the global model's data."""
+    """The newest records of ``template`` on targets of ``kind``: the global model's
+    data. A line that no longer parses is skipped."""
     rows = session.execute(select(RecordRow.line, RecordRow.target_model).where(
-        RecordRow.template == template, RecordRow.target_kind == kind))
+        RecordRow.template == template, RecordRow.target_kind == kind)
+        .order_by(RecordRow.id.desc()).limit(MAX_TRANSFER_RECORDS))
     for line, model in rows:
-        record = Record.from_json(line)
-        perf = 1.0 / record.result.mean_cost if record.result.ok else 0.0
-        yield record.workload, record.config, perf, model
+        try:
+            record = Record.from_json(line)
+        except ValueError:
+            continue
+        cost = record.result.mean_cost
+        yield record.workload, record.config, (1.0 / cost if record.result.ok and cost > 0
+                                               else 0.0), model
 
 
 def _limits_for(session: Session, job_target: Target) -> DeviceLimits | None:
