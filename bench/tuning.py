@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from tuning_cache import CACHE, OPTIONS, fill, load, workloads
 from compiler.templates import get_template
 from schemas import Config, MeasureResult, Record, Workload
 from tuner_server.search import make_tuner
+from tuner_server.search.base import perf_of
 from tuner_server.search.cost_model import CostModel
 from tuner_server.search.transfer import GlobalModel, fit_global
 
@@ -47,7 +49,7 @@ class Table:
     workload: Workload
     records: dict[int, Record]
 
-    @property
+    @cached_property
     def best(self) -> float:
         return max(perf(r) for r in self.records.values())
 
@@ -57,8 +59,7 @@ class Table:
 
 
 def perf(record: Record) -> float:
-    cost = record.result.mean_cost
-    return 1.0 / cost if record.result.ok and cost > 0 else 0.0
+    return perf_of(record.result)
 
 
 def tables(records: list[Record]) -> list[Table]:

@@ -286,7 +286,7 @@ class Template(ABC):
         """Names and float32 matrix: the template's config columns, then the workload's."""
         op = self.parse(workload)
         columns = self._feature_columns(op, self._knobs(workload, indices))
-        wl = _workload_features(op, workload)
+        wl = _workload_features(op)
         names = [*columns, *wl]
         # filled one contiguous row per feature, then transposed once: writing the
         # strided columns of an [n, m] array directly took 3x as long
@@ -458,17 +458,13 @@ def split_features(knobs: dict[str, np.ndarray], *names: str) -> dict[str, np.nd
     return out
 
 
-def _workload_features(op: Any, workload: Workload) -> dict[str, float]:
+def _workload_features(op: Any) -> dict[str, float]:
     """log2(1 + x) of every integer of the operator's parameters, then log2 FLOPs.
 
     Read from the parsed op, not the raw args: args of one template differ in shape
     (padding of 2 or 4, stride as an int or a pair, dense bias null or a tensor, 3 or 4
     dense args) while the op's fields are always the same, and so must the names be."""
-    items: list[tuple[str, Any]]
-    if dataclasses.is_dataclass(op):
-        items = [(f.name, getattr(op, f.name)) for f in dataclasses.fields(op)]
-    else:
-        items = [(str(i), a) for i, a in enumerate(workload.args)]
+    items = [(f.name, getattr(op, f.name)) for f in dataclasses.fields(op)]
     out: dict[str, float] = {}
 
     def walk(name: str, value: Any) -> None:

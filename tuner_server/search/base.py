@@ -103,9 +103,14 @@ class Tuner(ABC):
         """Up to ``n`` configs, none of them in ``visited``, each fitting the limits."""
 
 
+def perf_of(result: MeasureResult) -> float:
+    """What every search maximises: 1/cost; 0 for a failed (or zero-cost) result."""
+    cost = result.mean_cost
+    return 1.0 / cost if result.ok and cost > 0 else 0.0
+
+
 def throughput(history: History) -> tuple[np.ndarray, np.ndarray]:
-    """(indices, 1/cost) of a history; failed trials have throughput 0."""
+    """(indices, perf_of) of a history."""
     indices = np.array([c.index for c, _ in history], dtype=np.int64)
-    perf = np.array([1.0 / r.mean_cost if r.ok and r.mean_cost > 0 else 0.0
-                     for _, r in history], dtype=np.float64)
+    perf = np.array([perf_of(r) for _, r in history], dtype=np.float64)
     return indices, perf

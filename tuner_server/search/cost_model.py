@@ -73,7 +73,6 @@ class CostModel:
         self.params = params or FitParams()
         self.seed = seed
         self._booster = None
-        self.n_fit = 0
 
     def fit(self, features: np.ndarray, perf: np.ndarray,
             groups: Sequence[int] | np.ndarray | None = None) -> CostModel:
@@ -87,7 +86,6 @@ class CostModel:
                            free_raw_data=True)
         params = self.params.lightgbm(len(labels)) | {"seed": self.seed}
         self._booster = lgb.train(params, data, num_boost_round=self.params.rounds)
-        self.n_fit = len(perf)
         return self
 
     def _query_order(self, groups: np.ndarray) -> tuple[np.ndarray, list[int]]:

@@ -26,7 +26,6 @@ class GlobalModel:
     (through the template's features, which include the workload's)."""
 
     model: CostModel
-    n_records: int
     n_workloads: int
 
 
@@ -37,8 +36,7 @@ def fit_global(template: Template, examples: Iterable[Example],
     by_group: dict[tuple[Workload, str], tuple[list[int], list[float]]] = {}
     for workload, config, perf, device in examples:
         try:
-            space = template.space(workload)
-            index = space.index_of(space.decode(config))
+            index = template.space(workload).index_of(template.decode(workload, config))
         except (ConfigError, ValueError):
             continue
         rows = by_group.setdefault((workload, device), ([], []))
@@ -55,7 +53,7 @@ def fit_global(template: Template, examples: Iterable[Example],
         return None
     model = CostModel(params, seed).fit(np.concatenate(feats), np.concatenate(perfs),
                                         np.concatenate(groups))
-    return GlobalModel(model, model.n_fit, len({w for w, _ in by_group}))
+    return GlobalModel(model, len({w for w, _ in by_group}))
 
 
 class GlobalModels:

@@ -19,6 +19,7 @@ from schemas import Config, DeviceLimits, MeasureResult, Record, Target, Workloa
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import DispatchQueue, queue_matches, queue_name
 from tuner_server.search import TUNERS, Tuner, make_tuner
+from tuner_server.search.base import perf_of
 from tuner_server.search.transfer import Example, GlobalModels
 from tuner_server.services import dispatch
 from tuner_server.services.jobs import withdraw_queued
@@ -87,9 +88,7 @@ def _examples(session: Session, template: str, kind: str) -> Iterator[Example]:
             record = Record.from_json(line)
         except ValueError:
             continue
-        cost = record.result.mean_cost
-        yield record.workload, record.config, (1.0 / cost if record.result.ok and cost > 0
-                                               else 0.0), model
+        yield record.workload, record.config, perf_of(record.result), model
 
 
 def _limits_for(session: Session, job_target: Target) -> DeviceLimits | None:
