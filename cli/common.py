@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -16,6 +16,17 @@ from compiler.templates import (
     get_template,
 )
 from schemas import Config, Workload
+
+if TYPE_CHECKING:
+    from compiler.ir import Graph
+
+QUANTIZE = typer.Option(False, "--quantize",
+                        help="int8 conv2d layers (TVM v0.5 quantization, see --qconfig)")
+QCONFIG = typer.Option(
+    None, "--qconfig", metavar="KEY=VALUE",
+    help="a qconfig setting (TVM v0.5 names: nbit_input, nbit_weight, nbit_activation, "
+         "dtype_input, dtype_weight, dtype_activation, global_scale, skip_k_conv, "
+         "round_for_shift, store_lowbit_output); repeatable; needs --quantize")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -72,3 +83,19 @@ def load_config(template: Template, workload: Workload, config: str | None,
     except ConfigError as err:
         fail(f"--config: {err}")
     return cfg
+
+
+def quantized(graph: Graph, quantize: bool, qconfig: list[str] | None) -> Graph:
+    """``graph`` with its convs in int8 when ``--quantize`` asks for it."""
+    if not quantize:
+        if qconfig:
+            fail("--qconfig: needs --quantize")
+        return graph
+    from compiler.passes.quantize import QConfig, QuantizeError
+    from compiler.passes.quantize import quantize as run
+
+    try:
+        config = QConfig.from_pairs(qconfig or [])
+    except QuantizeError as err:
+        fail(f"--qconfig: {err}")
+    return run(graph, config)

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import fail
+from cli.common import QCONFIG, QUANTIZE, fail, quantized
 from cli.db import DATABASE_URL, resolve_url
 from compiler.ir import Graph, IRError, print_graph
 from compiler.records import (
@@ -26,6 +26,8 @@ from schemas import Target, Workload
 
 if TYPE_CHECKING:
     from compiler.build_module import Module
+    from compiler.hetero import HeteroModule
+    from compiler.runtime import Device
 
 MODEL = typer.Argument(..., exists=True, dir_okay=False, readable=True, help="an .onnx file")
 TARGET = typer.Option(..., "--target", help="e.g. 'opencl -model=pocl-cpu'")
@@ -34,6 +36,15 @@ RECORDS = typer.Option(
     help="server URL, AutoTVM log file, or several comma-separated; default: the embedded "
          "database when it exists ('none': template defaults only)")
 TOKEN = typer.Option(None, "--token", envvar="TUNER_TOKEN", help="bearer token for a server")
+PLACE = typer.Option(
+    None, "--place", metavar="OP=DEVICE",
+    help="run the ops OP names (an op such as nn.relu, its last part such as conv2d, or a "
+         "node name) on DEVICE (host, opencl:N, cuda:N); repeatable, the first match wins, "
+         "other ops run on --device")
+AUTO_PLACE = typer.Option(
+    False, "--auto-place",
+    help="time every op on the host and on --device, place each where the model runs "
+         "fastest (measured against each device alone; never slower than the best)")
 
 
 def parse_target(text: str) -> Target:
@@ -109,12 +120,13 @@ def _short(args: list) -> str:
     return " ".join(shapes + rest[:-1])
 
 
-def tasks(model: Path = MODEL, target: str = TARGET) -> None:
+def tasks(model: Path = MODEL, target: str = TARGET, quantize: bool = QUANTIZE,
+          qconfig: list[str] | None = QCONFIG) -> None:
     """List the conv2d/dense tasks of a model with their AutoTVM workloads."""
     from compiler.passes import optimize
 
     tgt = parse_target(target)
-    found = extract_tasks(optimize(import_model(model)), tgt)
+    found = extract_tasks(optimize(quantized(import_model(model), quantize, qconfig)), tgt)
     typer.echo(f"target {tgt}: a {tgt.device_class.upper()} device, so "
                f"{'CPU' if tgt.device_class == 'cpu' else 'GPU'} templates first "
                "(-device=cpu|gpu overrides)")
@@ -123,24 +135,38 @@ def tasks(model: Path = MODEL, target: str = TARGET) -> None:
         typer.echo(f"{i}: {task.workload.key}")
 
 
-def _build(model: Path, target: str, records: str | None, token: str | None,
-           database_url: str | None, device: str | None, print_ir: bool = False) -> Module:
-    from compiler.build_module import build
+def _prepare(model: Path, target: str, device: str | None, print_ir: bool,
+             quantize: bool = False, qconfig: list[str] | None = None) -> tuple[Graph, Device]:
+    """The model imported, quantized when asked, optimized (printed with --print-ir),
+    and the device it builds for."""
     from compiler.passes import optimize
     from compiler.runtime import open_device
 
     tgt = parse_target(target)
     graph = import_model(model)
-    optimized = optimize(graph)
+    rewritten = quantized(graph, quantize, qconfig)
+    optimized = optimize(rewritten)
     if print_ir:
         typer.echo("// before passes")
         typer.echo(print_graph(graph))
+        if quantize:
+            typer.echo("// after quantize")
+            typer.echo(print_graph(rewritten))
         typer.echo("// after passes")
         typer.echo(print_graph(optimized))
     try:
         dev = open_device(device, target=str(tgt))
     except (RuntimeError, ValueError) as err:
         fail(str(err), code=1)
+    return optimized, dev
+
+
+def _build(model: Path, target: str, records: str | None, token: str | None,
+           database_url: str | None, device: str | None, print_ir: bool = False,
+           quantize: bool = False, qconfig: list[str] | None = None) -> Module:
+    from compiler.build_module import build
+
+    optimized, dev = _prepare(model, target, device, print_ir, quantize, qconfig)
     workloads = [t.workload for t in extract_tasks(optimized, dev.target)]
     source = records_source(records, token, database_url, workloads)
     try:
@@ -149,6 +175,66 @@ def _build(model: Path, target: str, records: str | None, token: str | None,
         fail(str(err), code=1)
     except (BuildError, DeviceRuntimeError, IRError) as err:
         fail(f"{model}: {err}", code=1)
+    typer.echo(module.report())
+    return module
+
+
+def parse_place(items: list[str]) -> dict[str, str]:
+    """``--place OP=DEVICE`` options as placement rules, in the order given."""
+    from compiler.passes.annotate_device import parse_device_spec
+
+    rules: dict[str, str] = {}
+    for text in items:
+        key, sep, spec = text.partition("=")
+        key = key.strip()
+        if not sep or not key or not spec.strip():
+            fail(f"--place {text!r}: expected OP=DEVICE, e.g. conv2d=opencl:0 or nn.relu=host")
+        try:
+            device = parse_device_spec(spec)
+        except ValueError as err:
+            fail(f"--place {text!r}: {err}")
+        if key in rules and rules[key] != device:
+            fail(f"--place {key}: given twice ({rules[key]} and {device})")
+        rules[key] = device
+    return rules
+
+
+def _build_hetero(model: Path, target: str, records: str | None, token: str | None,
+                  database_url: str | None, device: str | None, print_ir: bool,
+                  rules: dict[str, str], auto: bool, quantize: bool = False,
+                  qconfig: list[str] | None = None) -> HeteroModule:
+    """``_build`` across devices: ``rules`` (``--place``) or automatic placement."""
+    from compiler.hetero import build_hetero
+    from compiler.kernels import NoKernelError
+    from compiler.passes.annotate_device import HOST, unmatched_rules
+    from compiler.runtime import open_device
+
+    optimized, dev = _prepare(model, target, device, print_ir, quantize, qconfig)
+    devices: dict[str, Device] = {dev.info.spec: dev}
+    for spec in dict.fromkeys(rules.values()):
+        if spec != HOST and spec not in devices:
+            try:
+                devices[spec] = open_device(spec)
+            except (RuntimeError, ValueError, ImportError) as err:
+                fail(f"--place: device {spec}: {err}")
+    for key in unmatched_rules(optimized, rules):
+        typer.echo(f"note: --place {key}={rules[key]} matches no op of the optimized graph",
+                   err=True)
+    workloads = list({t.workload.key: t.workload for d in devices.values()
+                      for t in extract_tasks(optimized, d.target)}.values())
+    source = records_source(records, token, database_url, workloads)
+    try:
+        module = build_hetero(optimized, None if auto else rules, dev.info.spec,
+                              records=source, devices=devices, auto=auto, optimized=True)
+    except RecordsError as err:
+        fail(str(err), code=1)
+    except (BuildError, DeviceRuntimeError, IRError, NoKernelError) as err:
+        fail(f"{model}: {err}", code=1)
+    except ValueError as err:  # a placement the devices here cannot take
+        fail(f"--place: {err}")
+    if print_ir:
+        typer.echo("// after device placement")
+        typer.echo(print_graph(module.graph, module.placement))
     typer.echo(module.report())
     return module
 
@@ -164,9 +250,30 @@ def compile_model(
     benchmark: bool = typer.Option(False, "--benchmark", help="time the whole model"),
     number: int = typer.Option(5, "--number", min=1),
     repeat: int = typer.Option(3, "--repeat", min=1),
+    place: list[str] | None = PLACE,
+    auto_place: bool = AUTO_PLACE,
+    quantize: bool = QUANTIZE,
+    qconfig: list[str] | None = QCONFIG,
 ) -> None:
     """Build a model with the best known config of every task and print the report."""
-    module = _build(model, target, records, token, database_url, device, print_ir)
+    if place or auto_place:
+        if place and auto_place:
+            fail("--place and --auto-place: give one or the other")
+        rules = parse_place(place or [])
+        hetero = _build_hetero(model, target, records, token, database_url, device, print_ir,
+                               rules, auto_place, quantize, qconfig)
+        if benchmark:
+            try:
+                result = hetero.benchmark(number=number, repeat=repeat)
+            except DeviceRuntimeError as err:
+                fail(f"--benchmark: {err}", code=1)
+            typer.echo(f"latency: mean {result.mean * 1e3:.2f} ms, median "
+                       f"{result.median * 1e3:.2f} ms, std {result.std * 1e3:.2f} ms "
+                       f"({repeat} x {number} runs, wall clock, {len(hetero.segments)} "
+                       f"segment(s), {len(hetero.copies)} device_copy)")
+        return
+    module = _build(model, target, records, token, database_url, device, print_ir, quantize,
+                    qconfig)
     if benchmark:
         if not module.program.steps:
             fail(f"{model}: nothing to time (the model runs no kernel)", code=1)

@@ -14,7 +14,7 @@ import httpx
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from cli.common import fail, load_template, load_workload
+from cli.common import QCONFIG, QUANTIZE, fail, load_template, load_workload, quantized
 from cli.db import DATABASE_URL, resolve_url
 from schemas import MeasureOptions, Target, Workload
 from tuner_server.search import DEFAULT_TUNER, TUNERS
@@ -112,14 +112,17 @@ def tune(
     repeat: int = typer.Option(3, "--repeat", min=1),
     min_repeat_ms: float = typer.Option(50.0, "--min-repeat-ms", min=0),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds per trial"),
+    quantize: bool = QUANTIZE,
+    qconfig: list[str] | None = QCONFIG,
 ) -> None:
     """Tune a model's tasks (MODEL) or one workload (--template, --args) as one job;
-    without --server, runs the server and a worker in-process."""
+    without --server, runs the server and a worker in-process. With --quantize, the
+    tasks of the int8 model (what `tuner compile --quantize` builds)."""
     try:
         Target.parse(target)
     except ValueError as err:
         fail(f"--target: {err}")
-    workloads = _workloads(model, target, template, args)
+    workloads = _workloads(model, target, template, args, quantize, qconfig)
     body = {"target": target, "tasks": [w.model_dump(mode="json") for w in workloads],
             "n_trial": trials, "tuner": tuner, "early_stopping": early_stopping,
             "plan_size": plan_size,
@@ -160,7 +163,8 @@ def tune(
 
 
 def _workloads(model: Path | None, target: str, template: str | None,
-               args: str | None) -> list[Workload]:
+               args: str | None, quantize: bool = False,
+               qconfig: list[str] | None = None) -> list[Workload]:
     if model is not None:
         if template or args:
             fail("give MODEL or --template/--args, not both")
@@ -168,12 +172,15 @@ def _workloads(model: Path | None, target: str, template: str | None,
         from compiler.passes import optimize
         from compiler.tasks import extract_tasks
 
-        tasks = extract_tasks(optimize(import_model(model)), Target.parse(target))
+        graph = quantized(import_model(model), quantize, qconfig)
+        tasks = extract_tasks(optimize(graph), Target.parse(target))
         if not tasks:
             fail(f"{model}: no conv2d or dense layer to tune", code=1)
         typer.echo(f"{model.name}: {len(tasks)} tasks")
         return [t.workload for t in tasks]
     if template is None or args is None:
         fail("give MODEL, or --template and --args for one workload")
+    if quantize or qconfig:
+        fail("--quantize: quantizes a MODEL's layers (give an int8 template for one workload)")
     tmpl = load_template(template)
     return [load_workload(tmpl, args, flag="--args")]

@@ -1,6 +1,7 @@
 """The embedded compiler and its kernel library.
 
 ``compiler.build(model, target, records=...)`` compiles a model (see ``build_module``);
+``compiler.quantize(graph, compiler.QConfig(...))`` rewrites its convs into int8;
 it is loaded on first use, so the server, which imports only ``compiler.templates``,
 never loads the runtime.
 """
@@ -15,4 +16,8 @@ def __getattr__(name: str) -> Any:
         from compiler.build_module import build
 
         return build
+    if name in ("quantize", "QConfig"):
+        from compiler.passes import quantize
+
+        return getattr(quantize, name)
     raise AttributeError(f"module 'compiler' has no attribute {name!r}")

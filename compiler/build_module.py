@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from compiler.ir import CONST, INPUT, Graph, IRError, Node, TensorType
-from compiler.ir.ops import ALIAS_OPS
+from compiler.ir import CONST, INPUT, Graph, Node, TensorType
+from compiler.ir.ops import ALIAS_OPS, node_epilogue
 from compiler.kernels import lower as lower_plain
 from compiler.passes import optimize
 from compiler.records import (
@@ -33,7 +33,7 @@ from compiler.records import (
 from compiler.runtime import Device, open_device
 from compiler.runtime.executor import BenchmarkResult, GraphExecutor, Program, Step, StepTime
 from compiler.tasks import Task, candidates, extract_tasks
-from compiler.templates import Epilogue, IOLayout, get_template
+from compiler.templates import IOLayout, get_template
 from schemas import DeviceLimits, Target
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
         vid = value_id(node)
         if node.op == CONST:
             assert node.value is not None
-            program.constants[vid] = np.ascontiguousarray(node.value, dtype=np.float32)
+            program.constants[vid] = np.ascontiguousarray(node.value, dtype=node.ty.dtype)
             continue
         args = tuple(value_id(a) for a in node.inputs)
         if node.op in ALIAS_OPS:
@@ -207,7 +207,7 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
         if choice is not None:
             workload = choice.workload
             template = get_template(workload.template)
-            epilogue = Epilogue(tuple(node.attr("epilogue", ())))
+            epilogue = node_epilogue(node)
             io = None
             if template.blocked_io and layouts:
                 residual = _residual_index(node)
@@ -225,17 +225,14 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
                 weight = node.inputs[1].value
                 assert weight is not None, "templates that pack weights need constant ones"
                 packed = len(program.values)
-                program.values.append(TensorType(kernel.buffers[1].shape))
+                wbuf = kernel.buffers[1]
+                program.values.append(TensorType(wbuf.shape, wbuf.dtype))
                 program.constants[packed] = np.ascontiguousarray(
-                    template.pack_weight(workload, choice.config, weight), dtype=np.float32)
+                    template.pack_weight(workload, choice.config, weight), dtype=wbuf.dtype)
                 args = (args[0], packed, *args[2:])
         else:
             kernel = lower_plain(node, dialect)
         program.steps.append(Step(f"{node.op} {node.name}".strip(), kernel, (*args, vid)))
-    for node in graph.outputs:
-        if node.ty.dtype != "float32":
-            raise IRError(f"output {node.name or node.op} is {node.ty.dtype}: device programs "
-                          "compute float32 outputs only")
     program.outputs = [value_id(n) for n in graph.outputs]
     # a weight a template packed is read in its packed copy only: do not upload both
     read = {v for step in program.steps for v in step.args} | set(program.outputs)

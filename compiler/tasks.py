@@ -20,6 +20,8 @@ from schemas import Target, Workload
 from schemas.workload import tensor_arg
 
 CONV_GPU, CONV_CPU = "conv2d_nchw.cuda", "conv2d_NCHWc.x86"
+WINOGRAD, DEPTHWISE, CONV_INT8 = ("conv2d_nchw_winograd.cuda", "depthwise_conv2d_nchw.cuda",
+                                  "conv2d_nchw_int8.cuda")
 DENSE_SMALL, DENSE_LARGE, DENSE_CPU = ("dense_small_batch.gpu", "dense_large_batch.gpu",
                                        "dense_pack.x86")
 # AutoTVM's CUDA strategy switches dense to the tiled schedule from this batch size on.
@@ -51,19 +53,49 @@ def _conv_args(node: Node) -> list:
             list(node.attr("strides")), list(node.attr("padding")), list(node.attr("dilation"))]
 
 
+def _winograd_fits(node: Node) -> bool:
+    """Winograd F(m, 3): 3x3 kernels, stride 1, no dilation (TVM's rule)."""
+    kh, kw = node.inputs[1].ty.shape[2:]
+    return ((kh, kw) == (3, 3) and tuple(node.attr("strides")) == (1, 1)
+            and tuple(node.attr("dilation")) == (1, 1))
+
+
+def _conv_candidates(node: Node, cpu: bool) -> list[Workload]:
+    data, weight = node.inputs[0].ty, node.inputs[1].ty
+    if data.dtype == "int8":
+        if node.attr("groups") != 1:
+            return []
+        return [Workload(template=CONV_INT8, args=[
+            tensor_arg(data.shape, "int8"), tensor_arg(weight.shape, "int8"),
+            list(node.attr("strides")), list(node.attr("padding")),
+            list(node.attr("dilation")), "int32"])]
+    if node.attr("groups") != 1:
+        channels = data.shape[1]
+        if node.attr("groups") != channels or weight.shape[1] != 1:
+            return []  # grouped, not depthwise: the plain kernel
+        # TVM's depthwise weight is [C, multiplier, kh, kw]: the same memory as OIHW
+        # [C * multiplier, 1, kh, kw], as ONNX stores it
+        shape = (channels, weight.shape[0] // channels, *weight.shape[2:])
+        return [Workload(template=DEPTHWISE, args=[
+            tensor_arg(data.shape), tensor_arg(shape), *_conv_args(node)[2:], "float32"])]
+    gpu = Workload(template=CONV_GPU, args=[*_conv_args(node), "float32"])
+    host = Workload(template=CONV_CPU, args=[*_conv_args(node), "NCHW", "NCHW", "float32"])
+    found = [host, gpu] if cpu else [gpu, host]
+    if _winograd_fits(node):
+        found.append(Workload(template=WINOGRAD, args=gpu.args))
+    return found
+
+
 def candidates(node: Node, target: Target | None = None) -> list[Workload]:
-    """The template workloads that can compute ``node``, preferred first; empty for ops
-    no template covers (grouped and depthwise convolutions run a plain kernel)."""
+    """The template workloads that can compute ``node``, preferred first (Winograd, for
+    3x3 stride-1 layers, after the direct ones); empty for ops no template covers
+    (grouped convolutions other than depthwise run a plain kernel)."""
     cpu = target is not None and target.device_class == "cpu"
     # CPU templates pack the weight at build time: only a constant weight can be packed
     packable = node.inputs[1].is_const if len(node.inputs) > 1 else False
     found: list[Workload] = []
     if node.op in ("nn.conv2d", "fused.conv2d"):
-        if node.attr("groups") != 1:
-            return []
-        gpu = Workload(template=CONV_GPU, args=[*_conv_args(node), "float32"])
-        host = Workload(template=CONV_CPU, args=[*_conv_args(node), "NCHW", "NCHW", "float32"])
-        found = [host, gpu] if cpu else [gpu, host]
+        found = _conv_candidates(node, cpu)
     elif node.op in ("nn.dense", "fused.dense"):
         data, weight = node.inputs[0].ty.shape, node.inputs[1].ty.shape
         args = [tensor_arg(data), tensor_arg(weight), None, "float32"]
@@ -71,6 +103,13 @@ def candidates(node: Node, target: Target | None = None) -> list[Workload]:
         host = Workload(template=DENSE_CPU, args=args)
         found = [host, gpu] if cpu else [gpu, host]
     return [w for w in found if packable or not get_template(w.template).packs_weight]
+
+
+def tuning_candidates(node: Node, target: Target | None = None) -> list[Workload]:
+    """What tuning covers for ``node``: the preferred workload, and Winograd too where it
+    applies, so a build can take whichever of direct and Winograd measured faster."""
+    found = candidates(node, target)
+    return found[:1] + [w for w in found[1:] if w.template == WINOGRAD]
 
 
 def node_workload(node: Node, target: Target | None = None) -> Workload | None:
@@ -81,15 +120,15 @@ def node_workload(node: Node, target: Target | None = None) -> Workload | None:
 
 def extract_tasks(graph: Graph, target: Target | None = None,
                   every_candidate: bool = False) -> list[Task]:
-    """Tasks in first-use order: each conv2d/dense layer's preferred workload (with
+    """Tasks in first-use order: each conv2d/dense layer's ``tuning_candidates`` (with
     ``every_candidate``, each of its candidates: what a build chooses among)."""
     tasks: dict[str, Task] = {}
     live = graph.live()
     for node in graph.nodes:
         if id(node) not in live:
             continue
-        found = candidates(node, target)
-        for workload in found if every_candidate else found[:1]:
+        found = candidates(node, target) if every_candidate else tuning_candidates(node, target)
+        for workload in found:
             task = tasks.setdefault(workload.key, Task(workload))
             task.layers.append(node.name or node.op)
     return list(tasks.values())

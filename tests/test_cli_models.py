@@ -84,7 +84,9 @@ def test_tasks_lists_every_conv_and_dense_with_its_workload(model_file: Path) ->
     assert result.exit_code == 0, result.output
     keys = [line.split(": ", 1)[1] for line in result.output.splitlines()
             if line[:1].isdigit() and ": [" in line]
-    assert len(keys) == 3
+    # both 3x3 stride-1 convs also get a Winograd task: tuning covers direct and Winograd
+    assert len(keys) == 5
+    assert sum('"conv2d_nchw_winograd.cuda"' in k for k in keys) == 2
     cpu = Target.parse(TARGET).device_class == "cpu"
     assert (" a CPU device, so CPU templates first" if cpu else
             " a GPU device, so GPU templates first") in result.output
@@ -94,7 +96,7 @@ def test_tasks_lists_every_conv_and_dense_with_its_workload(model_file: Path) ->
     assert keys[0] == (f'["{conv}",[["TENSOR",[1,3,16,16],"float32"],'
                        f'["TENSOR",[8,3,3,3],"float32"],[1,1],[1,1,1,1],[1,1]{layout},'
                        '"float32"]]')
-    assert keys[2] == (f'["{dense}",[["TENSOR",[1,8],"float32"],'
+    assert keys[-1] == (f'["{dense}",[["TENSOR",[1,8],"float32"],'
                        '["TENSOR",[10,8],"float32"],null,"float32"]]')
 
 
@@ -155,8 +157,8 @@ def test_tune_model_then_compile_uses_this_devices_records(model_file: Path,
          "--repeat", "1", "--min-repeat-ms", "0", "--device", "opencl:0"],
         capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "small_resnet.onnx: 3 tasks" in proc.stdout
-    assert "job 1 done: 9 trials" in proc.stdout
+    assert "small_resnet.onnx: 5 tasks" in proc.stdout  # 2 convs x (direct, Winograd), dense
+    assert "job 1 done: 15 trials" in proc.stdout
     proc = subprocess.run(
         [str(TUNER), "compile", str(model_file), *common, "--benchmark", "--number", "2",
          "--repeat", "2"], capture_output=True, text=True, timeout=300, env=env)
@@ -177,3 +179,32 @@ def test_python_api_compiler_build(model_file: Path) -> None:
                                rtol=1e-4, atol=1e-6)
     assert module.benchmark(number=2, repeat=2).mean > 0
     assert "3 tasks: this device 0, other device 0, default 3" in module.report()
+
+
+def test_compile_quantize_prints_the_realized_int8_ir_and_runs(model_file: Path) -> None:
+    """`tuner compile --quantize --qconfig ... --print-ir`: the rewrite (multiply, round,
+    clip, cast, right_shift around an int8 conv with int32 output), then the fused int8
+    kernel, then a build that runs."""
+    result = invoke(["compile", str(model_file), "--target", TARGET, "--records", "none",
+                     "--print-ir", "--quantize", "--qconfig", "global_scale=4",
+                     "--benchmark", "--number", "1", "--repeat", "1"])
+    assert result.exit_code == 0, result.output
+    _before, rest = result.output.split("// after quantize")
+    realized, fused = rest.split("// after passes")
+    for op in ("multiply(", "round(", "clip(", 'cast(', "right_shift("):
+        assert op in realized, op
+    assert 'out_dtype="int32"' in realized and "int8]" in realized and "int32]" in realized
+    # global_scale 4 -> inputs scaled by 128 / 4 = 32 before rounding
+    assert "multiply(%" in realized and "32f)" in realized
+    assert 'store_dtype="int8"' in fused or 'epilogue=["bias", "shift"' in fused
+    assert "conv2d_nchw_int8.cuda" in result.output  # the report names the int8 template
+    assert "latency: mean" in result.output
+
+
+def test_qconfig_without_quantize_or_with_a_bad_key_is_refused(model_file: Path) -> None:
+    result = invoke(["compile", str(model_file), "--target", TARGET, "--records", "none",
+                     "--qconfig", "global_scale=4"])
+    assert result.exit_code == 2 and "--qconfig: needs --quantize" in result.output
+    result = invoke(["compile", str(model_file), "--target", TARGET, "--records", "none",
+                     "--quantize", "--qconfig", "nbit=4"])
+    assert result.exit_code == 2 and "nbit" in result.output and "nbit_input" in result.output

@@ -93,9 +93,16 @@ class RecordingDevice(Device):
 
     def build(self, kernel: Kernel) -> Any:
         self.builds.append(kernel)
+        return super().build(kernel)
+
+    def _compile(self, source: str) -> Any:
         if self.inner is None:
             raise BuildError("fake device: no compiler")
-        return self.inner.build(kernel)
+        return self.inner._compile(source)
+
+    def _function(self, module: Any, entry: str) -> Any:
+        assert self.inner is not None
+        return self.inner._function(module, entry)
 
     def upload(self, array: np.ndarray) -> Any:
         assert self.inner is not None
@@ -109,22 +116,23 @@ class RecordingDevice(Device):
         assert self.inner is not None
         self.inner.write(buffer, array)
 
-    def download(self, buffer: Any, shape: tuple[int, ...]) -> np.ndarray:
+    def download(self, buffer: Any, shape: tuple[int, ...],
+                 dtype: str = "float32") -> np.ndarray:
         assert self.inner is not None
-        return self.inner.download(buffer, shape)
+        return self.inner.download(buffer, shape, dtype)
 
-    def launch(self, program: Any, kernel: Kernel, buffers: list[Any],
-               timed: bool = False) -> Any:
+    def _enqueue(self, function: Any, grid: tuple[int, int, int],
+                 block: tuple[int, int, int], buffers: list[Any], timed: bool) -> Any:
         assert self.inner is not None
-        return self.inner.launch(program, kernel, buffers, timed)
+        return self.inner._enqueue(function, grid, block, buffers, timed)
 
     def synchronize(self) -> None:
         assert self.inner is not None
         self.inner.synchronize()
 
-    def elapsed(self, first: Any, last: Any = None) -> float:
+    def _elapsed(self, first: Any, last: Any) -> float:
         assert self.inner is not None
-        return self.inner.elapsed(first, last)
+        return self.inner._elapsed(first, last)
 
 
 @pytest.fixture(scope="module")

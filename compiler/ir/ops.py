@@ -15,6 +15,7 @@ import numpy as np
 
 from compiler.ir.graph import IRError
 from compiler.ir.types import TensorType
+from compiler.templates.base import Epilogue
 from compiler.templates.ops import conv2d_nchw_reference
 
 Infer = Callable[[list[TensorType], dict[str, Any]], TensorType]
@@ -108,6 +109,16 @@ def _same(types: list[TensorType], _attrs: dict[str, Any]) -> TensorType:
     return types[0]
 
 
+NUMERIC = ("float32", "int32", "int8")
+
+
+def _numeric(types: list[TensorType], _attrs: dict[str, Any]) -> TensorType:
+    for t in types:
+        if t.dtype not in NUMERIC:
+            raise IRError(f"expects {', '.join(NUMERIC)} inputs, got {t.dtype}")
+    return types[0]
+
+
 def _f32(fn: Callable[..., np.ndarray]) -> Compute:
     def compute(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
         return np.asarray(fn(xs, attrs)).astype(xs[0].dtype, copy=False)
@@ -119,13 +130,53 @@ MULTIPLY = _op("multiply", _binary_infer, _f32(lambda x, a: x[0] * x[1]), (2, 2)
                elementwise=True)
 _op("subtract", _binary_infer, _f32(lambda x, a: x[0] - x[1]), (2, 2), elementwise=True)
 _op("divide", _binary_infer, _f32(lambda x, a: x[0] / x[1]), (2, 2), elementwise=True)
-_op("nn.relu", _same, _f32(lambda x, a: np.maximum(x[0], 0)), elementwise=True)
+_op("nn.relu", _numeric, _f32(lambda x, a: np.maximum(x[0], 0)), elementwise=True)
 _op("nn.leaky_relu", _same,
     _f32(lambda x, a: np.where(x[0] >= 0, x[0], x[0] * np.float32(a["alpha"]))),
     elementwise=True, alpha=0.01)
 _op("sigmoid", _same, _f32(lambda x, a: 1.0 / (1.0 + np.exp(-x[0].astype(np.float64)))),
     elementwise=True)
 _op("copy", lambda t, a: t[0], lambda x, a: x[0].copy(), elementwise=True)
+# Quantization (TVM v0.5's realize): round half away from zero as C's round() does,
+# clip, cast (float -> int truncates toward zero, as C), arithmetic right shift.
+_op("round", _same,
+    _f32(lambda x, a: np.sign(x[0]) * np.floor(np.abs(x[0]) + np.float32(0.5))),
+    elementwise=True)
+
+
+def _clip_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    if attrs["a_min"] > attrs["a_max"]:
+        raise IRError(f"a_min {attrs['a_min']} > a_max {attrs['a_max']}")
+    return _numeric(types, attrs)
+
+
+_op("clip", _clip_infer, _f32(lambda x, a: np.clip(x[0], a["a_min"], a["a_max"])),
+    elementwise=True, a_min=0.0, a_max=0.0)
+
+
+def _cast_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    _numeric(types, attrs)
+    if attrs["dtype"] not in NUMERIC:
+        raise IRError(f"cannot cast to {attrs['dtype']!r}: one of {', '.join(NUMERIC)}")
+    return TensorType(types[0].shape, attrs["dtype"])
+
+
+_op("cast", _cast_infer, lambda x, a: x[0].astype(a["dtype"]), dtype="float32")
+
+
+def _shift_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    out = _binary_infer(types, attrs)
+    if out.dtype not in ("int32", "int8"):
+        raise IRError(f"right_shift takes integers, got {out.dtype}")
+    return out
+
+
+_op("right_shift", _shift_infer, _f32(lambda x, a: x[0] >> x[1]), (2, 2), elementwise=True)
+
+# Heterogeneous execution: moves a value from the device that computed it to the one
+# that reads it (TVM's device_copy); its numpy semantics are the identity.
+_op("device_copy", lambda t, a: t[0], lambda x, a: x[0].copy(), src_device="",
+    dst_device="")
 
 
 def check_axis(axis: int, ndim: int) -> int:
@@ -136,8 +187,10 @@ def check_axis(axis: int, ndim: int) -> int:
 
 
 def _bias_add_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    _float(types)
     data, bias = types
+    if data.dtype not in ("float32", "int32") or bias.dtype != data.dtype:
+        raise IRError(f"expects float32 or int32 data and a bias of its dtype, got "
+                      f"{data.dtype} and {bias.dtype}")
     axis = check_axis(attrs["axis"], data.ndim)
     if bias.shape != (data.shape[axis],):
         raise IRError(f"bias of shape {list(bias.shape)} for axis {axis} of {list(data.shape)}")
@@ -230,9 +283,20 @@ def conv2d_out_hw(h: int, w: int, kh: int, kw: int, attrs: dict[str, Any]) -> tu
             (w + pl + pr - (kw - 1) * dw - 1) // sw + 1)
 
 
+def _conv_dtype(data: TensorType, weight: TensorType, out_dtype: str) -> str:
+    """float32 x float32 -> float32; int8 x int8 -> int32 (``out_dtype`` "int32")."""
+    if data.dtype == weight.dtype == "float32" and out_dtype in ("", "float32"):
+        return "float32"
+    if data.dtype == weight.dtype == "int8" and out_dtype == "int32":
+        return "int32"
+    raise IRError(f"{data.dtype} data and {weight.dtype} weight with out_dtype "
+                  f"{out_dtype or 'unset'}: expects float32 (out_dtype float32 or unset) "
+                  "or int8 (out_dtype int32)")
+
+
 def _conv2d_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    _float(types[:2])
     data, weight = types[0], types[1]
+    dtype = _conv_dtype(data, weight, attrs["out_dtype"])
     if data.ndim != 4 or weight.ndim != 4:
         raise IRError(f"expects NCHW data and OIHW weight, got {list(data.shape)} and "
                       f"{list(weight.shape)}")
@@ -247,16 +311,18 @@ def _conv2d_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     oh, ow = conv2d_out_hw(h, w, kh, kw, attrs)
     if oh < 1 or ow < 1:
         raise IRError(f"kernel {kh}x{kw} does not fit the padded {h}x{w} input")
-    return TensorType((n, o, oh, ow))
+    return TensorType((n, o, oh, ow), dtype)
 
 
 def _conv2d(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     return conv2d_nchw_reference(xs[0], xs[1], attrs["strides"], attrs["padding"],
-                                 attrs["dilation"], attrs["groups"])
+                                 attrs["dilation"], attrs["groups"],
+                                 attrs["out_dtype"] or "float32")
 
 
+# out_dtype "" (unset) is the float conv; int8 data and weight take "int32" (TVM's)
 CONV2D = _op("nn.conv2d", _conv2d_infer, _conv2d, (2, 2), strides=(1, 1),
-             padding=(0, 0, 0, 0), dilation=(1, 1), groups=1)
+             padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, out_dtype="")
 
 
 def _dense_infer(types: list[TensorType], _attrs: dict[str, Any]) -> TensorType:
@@ -274,7 +340,11 @@ DENSE = _op("nn.dense", _dense_infer,
 
 # A conv2d / dense with element-wise ops fused after it, computed by one template kernel.
 # Inputs: data, weight, then bias if "bias" in epilogue, then residual if "add" in it.
-EPILOGUE_OPS = ("bias", "relu", "add")
+# An int8 conv (int32 accumulators) may also requantize: "shift" is a rounding right
+# shift by ``shift`` bits, and ``store_dtype`` "int8" stores the result clipped to
+# [-127, 127] (``templates.base.Epilogue`` holds the semantics). Its bias is int32 and
+# its residual int8 or int32.
+EPILOGUE_OPS = ("bias", "relu", "add", "shift")
 
 
 def _epilogue_arity(attrs: dict[str, Any]) -> int:
@@ -285,19 +355,49 @@ def _epilogue_arity(attrs: dict[str, Any]) -> int:
     return 2 + ("bias" in ops) + ("add" in ops)
 
 
+_FUSED_ONLY = ("epilogue", "shift", "store_dtype")
+
+
+def fused_epilogue(attrs: dict[str, Any], residual_dtype: str = "") -> Epilogue:
+    """The ``Epilogue`` a fused node's attributes (and its residual's dtype) describe."""
+    try:
+        return Epilogue(tuple(attrs["epilogue"]), attrs.get("shift", 0),
+                        attrs.get("store_dtype", ""), residual_dtype)
+    except ValueError as err:
+        raise IRError(str(err)) from None
+
+
+def node_epilogue(node: Any) -> Epilogue:
+    """The epilogue of a fused conv2d / dense node (empty for the plain op)."""
+    ops = tuple(node.attrs.get("epilogue", ()))
+    residual = node.inputs[-1].ty.dtype if "add" in ops else ""
+    return fused_epilogue({"epilogue": ops, **node.attrs}, residual)
+
+
 def _fused_infer(base: Infer) -> Infer:
     def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
         want = _epilogue_arity(attrs)
         if len(types) != want:
             raise IRError(f"epilogue {'+'.join(attrs['epilogue'])} needs {want} inputs, "
                           f"got {len(types)}")
-        out = base(types[:2], {k: v for k, v in attrs.items() if k != "epilogue"})
+        epilogue = fused_epilogue(attrs)
+        out = base(types[:2], {k: v for k, v in attrs.items() if k not in _FUSED_ONLY})
+        integer = out.dtype == "int32"
+        if not integer and (epilogue.shift or epilogue.out_dtype):
+            raise IRError("shift and store_dtype are for int8 convolutions")
+        stored = TensorType(out.shape, epilogue.out_dtype or out.dtype)
         extra = iter(types[2:])
-        if "bias" in attrs["epilogue"] and next(extra).shape != (out.shape[1],):
-            raise IRError(f"bias must have {out.shape[1]} values")
-        if "add" in attrs["epilogue"] and next(extra).shape != out.shape:
-            raise IRError(f"residual must have the output's shape {list(out.shape)}")
-        return out
+        if "bias" in epilogue.ops:
+            bias = next(extra)
+            if bias.shape != (out.shape[1],) or bias.dtype != out.dtype:
+                raise IRError(f"bias must be {out.shape[1]} values of {out.dtype}")
+        if "add" in epilogue.ops:
+            residual = next(extra)
+            dtypes = ("int8", "int32") if integer else ("float32",)
+            if residual.shape != out.shape or residual.dtype not in dtypes:
+                raise IRError(f"residual must have the output's shape {list(out.shape)} "
+                              f"and dtype {' or '.join(dtypes)}")
+        return stored
     return infer
 
 
@@ -315,13 +415,20 @@ def apply_epilogue(out: np.ndarray, extra: list[np.ndarray], ops: tuple[str, ...
 
 def _fused(base: Compute) -> Compute:
     def compute(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
-        inner = {k: v for k, v in attrs.items() if k != "epilogue"}
-        return apply_epilogue(base(xs[:2], inner), xs[2:], attrs["epilogue"])
+        inner = {k: v for k, v in attrs.items() if k not in _FUSED_ONLY}
+        out = base(xs[:2], inner)
+        if not np.issubdtype(out.dtype, np.integer):
+            return apply_epilogue(out, xs[2:], attrs["epilogue"])
+        epilogue = fused_epilogue(attrs)
+        extra = iter(xs[2:])
+        bias = next(extra) if "bias" in epilogue.ops else None
+        residual = next(extra) if "add" in epilogue.ops else None
+        return epilogue.apply(out, bias, residual, 1)
     return compute
 
 
 _op("fused.conv2d", _fused_infer(CONV2D.infer), _fused(CONV2D.compute), (2, 4),
-    epilogue=(), **dict(CONV2D.defaults))
+    epilogue=(), shift=0, store_dtype="", **dict(CONV2D.defaults))
 _op("fused.dense", _fused_infer(DENSE.infer), _fused(DENSE.compute), (2, 4), epilogue=())
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from compiler.ir.graph import CONST, INPUT, Graph, Node
@@ -24,7 +25,9 @@ def _attr(value: Any) -> str:
     return str(value)
 
 
-def print_graph(graph: Graph) -> str:
+def print_graph(graph: Graph, placement: Mapping[Node, str] | None = None) -> str:
+    """The graph as text; with ``placement`` (``compiler.passes.annotate_device``) each
+    op's comment also names its device (`` device=opencl:0``)."""
     names: dict[Node, str] = {}
     taken: set[str] = set()
 
@@ -56,7 +59,8 @@ def print_graph(graph: Graph) -> str:
         args += [f"{k}={_attr(v)}" for k, v in node.attrs.items()]
         names[node] = f"%{counter}"
         counter += 1
-        lines.append(f"  {names[node]} = {node.op}({', '.join(args)})  # ty={node.ty}")
+        where = f" device={placement[node]}" if placement and node in placement else ""
+        lines.append(f"  {names[node]} = {node.op}({', '.join(args)})  # ty={node.ty}{where}")
     params = ", ".join(f"{names[n]}: {n.ty}" for n in graph.inputs)
     consts = [n for n in graph.nodes if n.op == CONST and id(n) in live and n.ty.size > 1]
     header = [f"fn ({params}) {{"]

@@ -10,7 +10,7 @@ import numpy as np
 
 from compiler.ir import Node
 from compiler.templates.base import Buffer, Epilogue, Kernel
-from compiler.templates.emit import indent, signature
+from compiler.templates.emit import C_TYPES, indent, signature
 
 BLOCK = 128
 # Indices are C ints: every tensor a kernel touches must stay below 2**31 elements.
@@ -25,12 +25,19 @@ def describe(node: Node) -> str:
     return f"{node.op} {node.name or '(unnamed)'}"
 
 
+# ops whose plain kernels also take the integer dtypes of quantized graphs
+INTEGER_OPS = frozenset({"add", "subtract", "multiply", "nn.relu", "nn.bias_add", "clip",
+                         "cast", "right_shift", "fused.elementwise", "copy"})
+
+
 def check_operands(node: Node) -> None:
-    """float32 and 32-bit indexable, or NoKernelError."""
+    """float32 (int8 / int32 too for ``INTEGER_OPS``) and 32-bit indexable, or
+    NoKernelError."""
+    allowed = tuple(C_TYPES) if node.op in INTEGER_OPS else ("float32",)
     for ty in (*(a.ty for a in node.inputs), node.ty):
-        if ty.dtype != "float32":
+        if ty.dtype not in allowed:
             raise NoKernelError(f"{describe(node)}: no kernel for dtype {ty.dtype} "
-                                "(float32 only)")
+                                f"({', '.join(allowed)} only)")
         if ty.size > MAX_ELEMENTS:
             raise NoKernelError(f"{describe(node)}: {ty.size} elements exceed 32-bit indexing")
 
@@ -97,19 +104,22 @@ def per_item(node: Node, names: Sequence[str], total: int, body: Sequence[str],
     has no prelude yet: ``lower`` adds the dialect's.
     """
     entry = entry_name(node)
+    dtypes = {name: arg.ty.dtype for name, arg in zip(names, node.inputs)}
+    dtypes["out"] = node.ty.dtype
     lines = [
-        signature(entry, names, "out") + " {",
+        signature(entry, names, "out", dtypes) + " {",
         f"  const int i = BLOCK_X * {block} + THREAD_X;",
         f"  if (i >= {total}) return;",
         *indent(list(body)),
         "}",
     ]
-    buffers = tuple(Buffer(name, arg.ty.shape) for name, arg in zip(names, node.inputs))
+    buffers = tuple(Buffer(name, arg.ty.shape, arg.ty.dtype)
+                    for name, arg in zip(names, node.inputs))
     return Kernel(
         source="\n".join(lines) + "\n",
         entry=entry,
         grid=(max(1, -(-total // block)), 1, 1),
         block=(block, 1, 1),
-        buffers=(*buffers, Buffer("out", node.ty.shape, role="out")),
+        buffers=(*buffers, Buffer("out", node.ty.shape, node.ty.dtype, role="out")),
         dialect="",
     )

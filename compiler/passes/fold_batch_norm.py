@@ -81,7 +81,7 @@ def fold_scale(graph: Graph) -> Graph:
     users = graph.users()
 
     def visit(b: GraphBuilder, node: Node, args: tuple[Node, ...]) -> Node | None:
-        if node.op != "multiply":
+        if node.op != "multiply" or node.ty.dtype != "float32":
             return None
         for src, const in ((0, 1), (1, 0)):
             scale = per_channel(node.inputs[const], node)
@@ -126,6 +126,8 @@ def add_to_bias(graph: Graph) -> Graph:
     users = graph.users()
 
     def visit(b: GraphBuilder, node: Node, args: tuple[Node, ...]) -> Node | None:
+        if node.ty.dtype != "float32":
+            return None  # quantized arithmetic: its constants are exact, leave them be
         if node.op == "nn.bias_add" and node.attr("axis") % node.ty.ndim == 1:
             src, shift = 0, args[1].value  # a bias is per channel by definition
         elif node.op == "add":

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from compiler.runtime.device import BuildError, Device, DeviceInfo, DeviceRuntimeError
-from compiler.templates import Kernel
 from schemas import DeviceLimits, Target
 
 
@@ -76,19 +75,21 @@ class CUDADevice(Device):
     def close(self) -> None:
         self._ctx.pop()
 
-    def build(self, kernel: Kernel) -> Any:
+    def _compile(self, source: str) -> Any:
         from pycuda.compiler import CompileError, SourceModule
 
-        key = hashlib.sha1(kernel.source.encode()).hexdigest()
+        key = hashlib.sha1(source.encode()).hexdigest()
         if key not in self._modules:
             arch = self.target.arch or "sm_80"
             try:
-                module = SourceModule(kernel.source, no_extern_c=True, arch=arch,
-                                      options=["-O3"])
+                self._modules[key] = SourceModule(source, no_extern_c=True, arch=arch,
+                                                  options=["-O3"])
             except CompileError as err:
                 raise BuildError(str(err)) from None
-            self._modules[key] = module.get_function(kernel.entry)
         return self._modules[key]
+
+    def _function(self, module: Any, entry: str) -> Any:
+        return module.get_function(entry)
 
     def upload(self, array: np.ndarray) -> Any:
         return self._drv.to_device(np.ascontiguousarray(array))
@@ -99,21 +100,22 @@ class CUDADevice(Device):
     def write(self, buffer: Any, array: np.ndarray) -> None:
         self._drv.memcpy_htod(buffer, np.ascontiguousarray(array))
 
-    def download(self, buffer: Any, shape: tuple[int, ...]) -> np.ndarray:
-        out = np.empty(shape, dtype=np.float32)
+    def download(self, buffer: Any, shape: tuple[int, ...],
+                 dtype: str = "float32") -> np.ndarray:
+        out = np.empty(shape, dtype=dtype)
         self._drv.memcpy_dtoh(out, buffer)
         return out
 
-    def launch(self, program: Any, kernel: Kernel, buffers: list[Any],
-               timed: bool = False) -> Any:
+    def _enqueue(self, function: Any, grid: tuple[int, int, int],
+                 block: tuple[int, int, int], buffers: list[Any], timed: bool) -> Any:
         """A timed launch is bracketed by a (start, end) pair of events."""
         try:
             if not timed:
-                program(*buffers, block=kernel.block, grid=kernel.grid)
+                function(*buffers, block=block, grid=grid)
                 return None
             start, end = self._drv.Event(), self._drv.Event()
             start.record()
-            program(*buffers, block=kernel.block, grid=kernel.grid)
+            function(*buffers, block=block, grid=grid)
             end.record()
         except self._drv.Error as err:
             raise DeviceRuntimeError(str(err)) from None
@@ -125,8 +127,8 @@ class CUDADevice(Device):
         except self._drv.Error as err:
             raise DeviceRuntimeError(str(err)) from None
 
-    def elapsed(self, first: Any, last: Any = None) -> float:
-        start, end = first[0], (first if last is None else last)[1]
+    def _elapsed(self, first: Any, last: Any) -> float:
+        start, end = first[0], last[1]
         try:
             end.synchronize()
         except self._drv.Error as err:

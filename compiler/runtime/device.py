@@ -40,6 +40,23 @@ class DeviceInfo:
         }
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A built multi-stage kernel: a function per stage, and the scratch buffers the
+    stages hand each other (owned by this build, so two builds never share them)."""
+
+    functions: tuple[Any, ...]
+    scratch: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Span:
+    """The timed handles of a multi-stage launch's first and last stage."""
+
+    first: Any
+    last: Any
+
+
 class Device(ABC):
     """One accelerator (or CPU) that builds and times generated kernels."""
 
@@ -54,16 +71,29 @@ class Device(ABC):
     def limits(self) -> DeviceLimits:
         return self.info.limits
 
-    @abstractmethod
     def build(self, kernel: Kernel) -> Any:
-        """Compile (cached by source); raises BuildError with the compiler's log."""
+        """Compile (cached by source); raises BuildError with the compiler's log. A
+        multi-stage kernel gets one function per stage and its own scratch buffers."""
+        module = self._compile(kernel.source)
+        if not kernel.stages:
+            return self._function(module, kernel.entry)
+        return Staged(tuple(self._function(module, s.entry) for s in kernel.stages),
+                      tuple(self.alloc_bytes(b.nbytes) for b in kernel.scratch))
+
+    @abstractmethod
+    def _compile(self, source: str) -> Any:
+        """The compiled module of ``source``, cached; BuildError when it does not build."""
+
+    @abstractmethod
+    def _function(self, module: Any, entry: str) -> Any:
+        """The launchable function ``entry`` of a compiled module."""
 
     @abstractmethod
     def upload(self, array: np.ndarray) -> Any: ...
 
-    def alloc(self, shape: tuple[int, ...]) -> Any:
-        """A float32 buffer of ``shape``."""
-        return self.alloc_bytes(4 * int(np.prod(shape)))
+    def alloc(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
+        """A buffer of ``shape`` and ``dtype``."""
+        return self.alloc_bytes(np.dtype(dtype).itemsize * int(np.prod(shape)))
 
     @abstractmethod
     def alloc_bytes(self, nbytes: int) -> Any:
@@ -74,23 +104,40 @@ class Device(ABC):
         """Copy ``array`` into the start of an existing buffer; returns once it is copied."""
 
     @abstractmethod
-    def download(self, buffer: Any, shape: tuple[int, ...]) -> np.ndarray: ...
+    def download(self, buffer: Any, shape: tuple[int, ...],
+                 dtype: str = "float32") -> np.ndarray: ...
 
-    @abstractmethod
     def launch(self, program: Any, kernel: Kernel, buffers: list[Any],
                timed: bool = False) -> Any:
-        """Enqueue one launch without waiting (launches run in order); with ``timed`` the
+        """Enqueue the kernel without waiting (launches run in order); with ``timed`` the
         result is a handle for ``elapsed``. Raises DeviceRuntimeError."""
+        if not isinstance(program, Staged):
+            return self._enqueue(program, kernel.grid, kernel.block, buffers, timed)
+        pool = [*buffers, *program.scratch]
+        handles = [self._enqueue(fn, s.grid, s.block, [pool[i] for i in s.args], timed)
+                   for fn, s in zip(program.functions, kernel.stages)]
+        return Span(handles[0], handles[-1]) if timed else None
+
+    @abstractmethod
+    def _enqueue(self, function: Any, grid: tuple[int, int, int],
+                 block: tuple[int, int, int], buffers: list[Any], timed: bool) -> Any:
+        """One launch of ``grid`` blocks of ``block`` threads; a handle when ``timed``."""
 
     @abstractmethod
     def synchronize(self) -> None:
         """Wait until every enqueued launch and copy has finished; DeviceRuntimeError if
         one failed."""
 
-    @abstractmethod
     def elapsed(self, first: Any, last: Any = None) -> float:
         """Device seconds from the start of timed launch ``first`` to the end of ``last``
         (default: ``first`` alone); waits for ``last``; DeviceRuntimeError if it failed."""
+        last = first if last is None else last
+        return self._elapsed(first.first if isinstance(first, Span) else first,
+                             last.last if isinstance(last, Span) else last)
+
+    @abstractmethod
+    def _elapsed(self, first: Any, last: Any) -> float:
+        """Seconds from the start of one timed launch's handle to the end of another's."""
 
     def run(self, program: Any, kernel: Kernel, buffers: list[Any]) -> None:
         """Launch once and wait; raises DeviceRuntimeError."""

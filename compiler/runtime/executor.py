@@ -206,7 +206,8 @@ class GraphExecutor:
         self.set_inputs(inputs)
         self._launch_all()
         self.device.synchronize()
-        return [self.device.download(self._storage[self._root[v]], self.program.values[v].shape)
+        return [self.device.download(self._storage[self._root[v]], self.program.values[v].shape,
+                                     self.program.values[v].dtype)
                 for v in self.program.outputs]
 
     def _launch_all(self, timed: bool = False) -> list[Any]:

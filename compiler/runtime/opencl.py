@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from compiler.runtime.device import BuildError, Device, DeviceInfo, DeviceRuntimeError
-from compiler.templates import Kernel
 from schemas import DeviceLimits, Target
 
 PLATFORM_ENV = "TUNER_OPENCL_PLATFORM"
@@ -139,17 +138,25 @@ class OpenCLDevice(Device):
             self.ctx, properties=cl.command_queue_properties.PROFILING_ENABLE
         )
         self._programs: dict[str, Any] = {}
+        self._functions: dict[tuple[int, str], Any] = {}
 
-    def build(self, kernel: Kernel) -> Any:
+    def _compile(self, source: str) -> Any:
         cl = _cl()
-        key = hashlib.sha1(kernel.source.encode()).hexdigest()
+        key = hashlib.sha1(source.encode()).hexdigest()
         if key not in self._programs:
             try:
-                program = cl.Program(self.ctx, kernel.source).build(options=["-cl-std=CL1.2"])
+                self._programs[key] = cl.Program(self.ctx, source).build(
+                    options=["-cl-std=CL1.2"])
             except cl.Error as err:
                 raise BuildError(str(err)) from None
-            self._programs[key] = getattr(program, kernel.entry)
         return self._programs[key]
+
+    def _function(self, module: Any, entry: str) -> Any:
+        # pyopencl makes a new kernel object per attribute access: keep one per entry
+        key = (id(module), entry)
+        if key not in self._functions:
+            self._functions[key] = getattr(module, entry)
+        return self._functions[key]
 
     def upload(self, array: np.ndarray) -> Any:
         cl = _cl()
@@ -164,18 +171,20 @@ class OpenCLDevice(Device):
         cl = _cl()
         cl.enqueue_copy(self.queue, buffer, np.ascontiguousarray(array), is_blocking=True)
 
-    def download(self, buffer: Any, shape: tuple[int, ...]) -> np.ndarray:
+    def download(self, buffer: Any, shape: tuple[int, ...],
+                 dtype: str = "float32") -> np.ndarray:
         cl = _cl()
-        out = np.empty(shape, dtype=np.float32)
+        out = np.empty(shape, dtype=dtype)
         cl.enqueue_copy(self.queue, out, buffer)
         return out
 
-    def launch(self, program: Any, kernel: Kernel, buffers: list[Any],
-               timed: bool = False) -> Any:
+    def _enqueue(self, function: Any, grid: tuple[int, int, int],
+                 block: tuple[int, int, int], buffers: list[Any], timed: bool) -> Any:
         """Every launch returns its event: the queue profiles them all anyway."""
         cl = _cl()
+        size = tuple(g * b for g, b in zip(grid, block))
         try:
-            return program(self.queue, kernel.global_size, kernel.block, *buffers)
+            return function(self.queue, size, block, *buffers)
         except cl.Error as err:
             raise DeviceRuntimeError(str(err)) from None
 
@@ -186,9 +195,8 @@ class OpenCLDevice(Device):
         except cl.Error as err:
             raise DeviceRuntimeError(str(err)) from None
 
-    def elapsed(self, first: Any, last: Any = None) -> float:
+    def _elapsed(self, first: Any, last: Any) -> float:
         cl = _cl()
-        last = first if last is None else last
         try:
             last.wait()
         except cl.Error as err:

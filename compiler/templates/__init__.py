@@ -5,12 +5,16 @@ from __future__ import annotations
 from compiler.templates import conv2d_nchw, dense_large_batch, dense_small_batch
 from compiler.templates import dense_pack
 from compiler.templates import conv2d_nchwc
+from compiler.templates import conv2d_winograd
+from compiler.templates import conv2d_nchw_int8
+from compiler.templates import depthwise_conv2d
 from compiler.templates.base import (
     Buffer,
     ConfigError,
     Epilogue,
     IOLayout,
     Kernel,
+    Stage,
     Template,
     WorkloadError,
 )
@@ -22,6 +26,10 @@ _REGISTRY: dict[str, Template] = {
 }
 _REGISTRY[dense_pack.TEMPLATE.name] = dense_pack.TEMPLATE
 _REGISTRY[conv2d_nchwc.TEMPLATE.name] = conv2d_nchwc.TEMPLATE
+_REGISTRY[conv2d_winograd.TEMPLATE.name] = conv2d_winograd.TEMPLATE
+_REGISTRY[conv2d_nchw_int8.TEMPLATE.name] = conv2d_nchw_int8.TEMPLATE
+_REGISTRY["conv2d_nchw_int8"] = conv2d_nchw_int8.TEMPLATE  # TVM's name without .cuda
+_REGISTRY[depthwise_conv2d.TEMPLATE.name] = depthwise_conv2d.TEMPLATE
 
 
 class UnknownTemplateError(KeyError):
@@ -48,6 +56,7 @@ __all__ = [
     "Epilogue",
     "IOLayout",
     "Kernel",
+    "Stage",
     "Template",
     "UnknownTemplateError",
     "WorkloadError",

@@ -17,7 +17,9 @@ from compiler.templates.space import ConfigError, ConfigSpace
 from schemas import Config, DeviceLimits, Workload
 
 DIALECTS = ("cuda", "opencl")
-EPILOGUE_OPS = ("bias", "relu", "add")
+EPILOGUE_OPS = ("bias", "relu", "add", "shift")
+# int8 activations are clipped to the symmetric range TVM's qconfig gives nbit 8
+INT8_MIN, INT8_MAX = -127, 127
 
 
 class WorkloadError(ValueError):
@@ -30,34 +32,73 @@ class Epilogue:
 
     ``bias`` adds a per-output-channel vector, ``add`` a tensor of the output's shape
     (a residual), ``relu`` clamps at zero: conv + bias + relu (+ add) in one kernel.
+    Integer (quantized) kernels also take ``shift``, the requantize step: a rounding
+    arithmetic right shift by ``shift`` bits, ``(v + 2**(shift-1)) >> shift``; and
+    ``out_dtype`` "int8" stores the result clipped to [-127, 127] instead of the
+    template's own output dtype (int32 accumulators). Their bias is int32 and their
+    residual is ``residual_dtype`` (int8 or int32; unset: the stored dtype).
     """
 
     ops: tuple[str, ...] = ()
+    shift: int = 0
+    out_dtype: str = ""
+    residual_dtype: str = ""
 
     def __post_init__(self) -> None:
         for op in self.ops:
             if op not in EPILOGUE_OPS:
                 raise ValueError(f"epilogue op {op!r} is not one of {', '.join(EPILOGUE_OPS)}")
-        if self.ops.count("bias") > 1 or self.ops.count("add") > 1:
-            raise ValueError("epilogue: bias and add may each appear once")
+        if any(self.ops.count(op) > 1 for op in ("bias", "add", "shift")):
+            raise ValueError("epilogue: bias, add and shift may each appear once")
+        if ("shift" in self.ops) != (self.shift > 0):
+            raise ValueError(f"epilogue: the shift op needs shift >= 1 bits and shift "
+                             f"{self.shift} needs the op, got ops {self.ops}")
+        for name in ("out_dtype", "residual_dtype"):
+            if getattr(self, name) not in ("", "int8", "int32", "float32"):
+                raise ValueError(f"epilogue: {name} {getattr(self, name)!r} is not int8, "
+                                 "int32 or float32")
 
     @classmethod
     def parse(cls, text: str) -> Epilogue:
         return cls(tuple(op for op in text.replace("+", ",").split(",") if op.strip()))
 
     def c_expr(self, value: str, bias: str, residual: str) -> str:
-        """The epilogue as a C expression over ``value``."""
+        """The epilogue as a C expression over ``value`` (float kernels)."""
         for op in self.ops:
             if op == "bias":
                 value = f"({value} + {bias})"
             elif op == "add":
                 value = f"({value} + {residual})"
-            else:
+            elif op == "relu":
                 value = f"fmax({value}, 0.0f)"
+            else:
+                raise ValueError("the shift op is for integer kernels")
+        return value
+
+    def int_c_expr(self, value: str, bias: str, residual: str) -> str:
+        """The epilogue as a C int expression over ``value`` (quantized kernels), without
+        the final clip of an int8 store (``int_store``)."""
+        for op in self.ops:
+            if op == "bias":
+                value = f"({value} + {bias})"
+            elif op == "add":
+                value = f"({value} + (int)({residual}))"
+            elif op == "relu":
+                value = f"max({value}, 0)"
+            else:
+                value = f"(({value} + {1 << (self.shift - 1)}) >> {self.shift})"
+        return value
+
+    def int_store(self, value: str, out_dtype: str) -> str:
+        """``value`` as the stored element: clipped to int8's range for an int8 output."""
+        if out_dtype == "int8":
+            return f"(INT8_T)min(max({value}, {INT8_MIN}), {INT8_MAX})"
         return value
 
     def apply(self, out: np.ndarray, bias: np.ndarray | None, residual: np.ndarray | None,
               channel_axis: int) -> np.ndarray:
+        if np.issubdtype(out.dtype, np.integer):
+            return self._apply_int(out.astype(np.int64), bias, residual, channel_axis)
         for op in self.ops:
             if op == "bias":
                 assert bias is not None
@@ -66,9 +107,31 @@ class Epilogue:
                 out = out + bias.reshape(shape)
             elif op == "add":
                 out = out + residual
-            else:
+            elif op == "relu":
                 out = np.maximum(out, 0)
+            else:
+                raise ValueError("the shift op is for integer kernels")
         return out.astype(np.float32)
+
+    def _apply_int(self, out: np.ndarray, bias: np.ndarray | None,
+                   residual: np.ndarray | None, channel_axis: int) -> np.ndarray:
+        """int32 arithmetic as the kernels do it (values stay far from overflow)."""
+        for op in self.ops:
+            if op == "bias":
+                assert bias is not None
+                shape = [1] * out.ndim
+                shape[channel_axis] = -1
+                out = out + bias.astype(np.int64).reshape(shape)
+            elif op == "add":
+                assert residual is not None
+                out = out + residual.astype(np.int64)
+            elif op == "relu":
+                out = np.maximum(out, 0)
+            else:
+                out = (out + (1 << (self.shift - 1))) >> self.shift
+        if self.out_dtype == "int8":
+            return np.clip(out, INT8_MIN, INT8_MAX).astype(np.int8)
+        return out.astype(np.int32)
 
 
 @dataclass(frozen=True)
@@ -130,10 +193,30 @@ class Buffer:
     dtype: str = "float32"
     role: str = "in"
 
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One launch of a kernel that takes several (Winograd: input transform, batched
+    GEMM, inverse transform): ``args`` index ``Kernel.buffers`` then ``Kernel.scratch``."""
+
+    entry: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple[int, ...]
+
 
 @dataclass(frozen=True)
 class Kernel:
-    """Generated source plus how to launch it: CUDA grid/block = OpenCL groups/local size."""
+    """Generated source plus how to launch it: CUDA grid/block = OpenCL groups/local size.
+
+    ``entry``/``grid``/``block`` describe the tuned launch. A multi-stage kernel lists
+    every launch in ``stages`` (in order, the tuned one among them) and the device-only
+    intermediates they pass each other in ``scratch``; callers still see one kernel
+    over ``buffers``, so measuring and graph execution treat it as one step."""
 
     source: str
     entry: str
@@ -142,6 +225,8 @@ class Kernel:
     buffers: tuple[Buffer, ...]
     dialect: str
     meta: dict[str, Any] = field(default_factory=dict)
+    stages: tuple[Stage, ...] = ()
+    scratch: tuple[Buffer, ...] = ()
 
     @property
     def global_size(self) -> tuple[int, int, int]:
@@ -327,15 +412,8 @@ class Template(ABC):
             kernel = self._codegen(op, knobs, epilogue, io=io)  # type: ignore[call-arg]
         else:
             kernel = self._codegen(op, knobs, epilogue)
-        return Kernel(
-            source=with_prelude(kernel.source, dialect),
-            entry=kernel.entry,
-            grid=kernel.grid,
-            block=kernel.block,
-            buffers=kernel.buffers,
-            dialect=dialect,
-            meta=kernel.meta,
-        )
+        return dataclasses.replace(kernel, source=with_prelude(kernel.source, dialect),
+                                   dialect=dialect)
 
     def decode(self, workload: Workload, config: Config) -> dict[str, Any]:
         """Knob values of ``config``; raises ConfigError when it is not in the space."""
@@ -487,19 +565,21 @@ def _space_of(template: Template, workload: Workload) -> ConfigSpace:
 
 
 def epilogue_buffers(epilogue: Epilogue, out_shape: tuple[int, ...],
-                     channel_axis: int, residual_shape: tuple[int, ...] | None = None
+                     channel_axis: int, residual_shape: tuple[int, ...] | None = None,
+                     bias_dtype: str = "float32", residual_dtype: str = "float32"
                      ) -> list[Buffer]:
     """Bias and residual buffers; ``residual_shape`` is the residual's physical shape
     when it differs from the output's (a blocked layout)."""
     bufs = []
     if "bias" in epilogue.ops:
-        bufs.append(Buffer("bias", (out_shape[channel_axis],)))
+        bufs.append(Buffer("bias", (out_shape[channel_axis],), bias_dtype))
     if "add" in epilogue.ops:
-        bufs.append(Buffer("residual", residual_shape or out_shape))
+        bufs.append(Buffer("residual", residual_shape or out_shape, residual_dtype))
     return bufs
 
 
-def tensor_shape(arg: Any, what: str, ndim: int) -> tuple[tuple[int, ...], str]:
+def tensor_shape(arg: Any, what: str, ndim: int,
+                 dtypes: tuple[str, ...] = ("float32",)) -> tuple[tuple[int, ...], str]:
     """Shape and dtype of an AutoTVM ``["TENSOR", shape, dtype]`` argument."""
     if not (isinstance(arg, (list, tuple)) and len(arg) == 3 and arg[0] == "TENSOR"):
         raise WorkloadError(f"{what}: expected [\"TENSOR\", shape, dtype], got {arg!r}")
@@ -508,8 +588,9 @@ def tensor_shape(arg: Any, what: str, ndim: int) -> tuple[tuple[int, ...], str]:
         isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape
     ):
         raise WorkloadError(f"{what}: shape must be {ndim} positive integers, got {shape!r}")
-    if dtype != "float32":
-        raise WorkloadError(f"{what}: dtype {dtype!r} is not supported (float32 only)")
+    if dtype not in dtypes:
+        raise WorkloadError(f"{what}: dtype {dtype!r} is not supported "
+                            f"({' or '.join(dtypes)} only)")
     return tuple(shape), dtype
 
 
@@ -523,6 +604,6 @@ def int_pair(arg: Any, what: str, length: int = 2, minimum: int = 1) -> tuple[in
     return tuple(arg)
 
 
-__all__ = ["Buffer", "ConfigError", "Epilogue", "IOLayout", "Kernel", "Rule", "Template",
+__all__ = ["Buffer", "ConfigError", "Epilogue", "IOLayout", "Kernel", "Rule", "Stage", "Template",
            "Usage", "WorkloadError", "blocked_shape", "ceil_div", "factors", "from_blocked",
            "log2", "split_features", "to_blocked"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # How a loop is annotated in the schedule: virtual threads are always expanded in the
@@ -63,7 +63,14 @@ def indent(lines: list[str]) -> list[str]:
     return [("  " + line) if line and not line.startswith("#") else line for line in lines]
 
 
-def signature(entry: str, inputs: Sequence[str], output: str) -> str:
-    params = [f"GLOBAL const float* RESTRICT {name}" for name in inputs]
-    params.append(f"GLOBAL float* RESTRICT {output}")
+# C element types of the IR's dtypes (INT8_T comes from the prelude: char / signed char)
+C_TYPES = {"float32": "float", "int32": "int", "int8": "INT8_T"}
+
+
+def signature(entry: str, inputs: Sequence[str], output: str,
+              dtypes: Mapping[str, str] | None = None) -> str:
+    """The kernel's parameter list; ``dtypes`` gives buffers that are not float32."""
+    ctype = {name: C_TYPES[(dtypes or {}).get(name, "float32")] for name in (*inputs, output)}
+    params = [f"GLOBAL const {ctype[name]}* RESTRICT {name}" for name in inputs]
+    params.append(f"GLOBAL {ctype[output]}* RESTRICT {output}")
     return f"KERNEL void {entry}(" + ", ".join(params) + ")"

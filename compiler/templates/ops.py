@@ -80,8 +80,9 @@ class Conv2dOp:
 
 def conv2d_nchw_reference(data: np.ndarray, kernel: np.ndarray, stride: tuple[int, int],
                           pad: tuple[int, int, int, int], dilation: tuple[int, int],
-                          groups: int = 1) -> np.ndarray:
-    """Grouped conv2d NCHW/OIHW in numpy with float64 accumulation; pad is t, l, b, r."""
+                          groups: int = 1, out_dtype: str = "float32") -> np.ndarray:
+    """Grouped conv2d NCHW/OIHW in numpy with float64 accumulation; pad is t, l, b, r.
+    Integer operands (int8) sum exactly in float64, so ``out_dtype`` int32 is exact."""
     pt, pl, pb, pr = pad
     n, c, h, w = data.shape
     co, cig, kh, kw = kernel.shape
@@ -101,7 +102,7 @@ def conv2d_nchw_reference(data: np.ndarray, kernel: np.ndarray, stride: tuple[in
                 window = part[:, :, y0:y0 + sh * (oh - 1) + 1:sh, x0:x0 + sw * (ow - 1) + 1:sw]
                 out[:, g * cog:(g + 1) * cog] += np.einsum("nchw,oc->nohw", window,
                                                            weight[:, :, ky, kx])
-    return out.astype(np.float32)
+    return out.astype(out_dtype)
 
 
 @dataclass(frozen=True)

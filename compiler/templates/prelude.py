@@ -4,7 +4,9 @@ A template writes its kernel once against these names; the prelude of the chosen
 dialect maps them onto the language, so the same body runs under pycuda/NVRTC and
 pyopencl alike. CPU-class templates also use short-float-vector macros (VEC_T, VBCAST,
 VLOAD, VSTORE, VFMA, VADD, VMAX, VELEM): OpenCL's floatN built-ins, a small struct
-template in CUDA.
+template in CUDA. Quantized kernels use INT8_T (a signed byte) and DP4A(a, b, c), the
+4-lane int8 dot product with int32 accumulation: CUDA's ``__dp4a`` on sm_61 and later,
+sign-extended byte arithmetic elsewhere.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ _OPENCL = """\
 #define VADD(a, b) ((a) + (b))
 #define VMAX(a, b) fmax((a), (b))
 #define VELEM(v, e) ((v).s##e)
+// int8 kernels: INT8_T the signed byte; DP4A(a, b, c) = c + the sum over j of byte j of a
+// times byte j of b, each sign-extended (4 int8 lanes packed little-endian in an int).
+#define INT8_T char
+#define INT8_LANE(x, j) (((((x) >> (8 * (j))) & 0xff) ^ 0x80) - 0x80)
+#define DP4A(a, b, c) ((c) + INT8_LANE(a, 0) * INT8_LANE(b, 0) + INT8_LANE(a, 1) * INT8_LANE(b, 1) \
+    + INT8_LANE(a, 2) * INT8_LANE(b, 2) + INT8_LANE(a, 3) * INT8_LANE(b, 3))
 """
 
 _CUDA = """\
@@ -92,6 +100,18 @@ template <int N> __device__ __forceinline__ VecF<N> vec_max(VecF<N> a, VecF<N> b
 #define VADD(a, b) vec_add((a), (b))
 #define VMAX(a, b) vec_max((a), (b))
 #define VELEM(v, e) ((v).s[0x##e])
+// int8 kernels (see the OpenCL prelude): DP4A is the dp4a instruction from sm_61 on.
+#define INT8_T signed char
+#define INT8_LANE(x, j) (((((x) >> (8 * (j))) & 0xff) ^ 0x80) - 0x80)
+__device__ __forceinline__ int tuner_dp4a(int a, int b, int c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+  return __dp4a(a, b, c);
+#else
+  return c + INT8_LANE(a, 0) * INT8_LANE(b, 0) + INT8_LANE(a, 1) * INT8_LANE(b, 1)
+      + INT8_LANE(a, 2) * INT8_LANE(b, 2) + INT8_LANE(a, 3) * INT8_LANE(b, 3);
+#endif
+}
+#define DP4A(a, b, c) tuner_dp4a((a), (b), (c))
 """
 
 PRELUDES = {"opencl": _OPENCL, "cuda": _CUDA}
