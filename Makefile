@@ -26,7 +26,7 @@ install: $(STAMP)
 # ResNet-50's first 3x3 conv (64 -> 64 channels, 56x56)
 DEMO_ARGS := [["TENSOR",[1,64,56,56],"float32"],["TENSOR",[64,64,3,3],"float32"],[1,1],[1,1,1,1],[1,1],"float32"]
 
-# ResNet-50 as the onnx package ships it (light_resnet50.onnx): tune each of its 24
+# ResNet-50 as the onnx package ships it (light_resnet50.onnx): tune each of its 28
 # conv2d/dense tasks a little, then build it with the best records and time it.
 DEMO_TARGET := opencl -model=pocl-cpu
 DEMO_MODEL = $$($(BIN)/python -c 'from compiler.frontend.samples import light_path; print(light_path("resnet50"))')

@@ -133,8 +133,8 @@ class DepthwiseConv2dNCHW(Template):
         return DepthwiseConv2dOp.from_args(workload.args)
 
     def _space(self, op: DepthwiseConv2dOp) -> ConfigSpace:
-        # AutoTVM defines unroll_explicit as [1] only for nvptx / rocm targets; TopHub's
-        # cuda and opencl records (and ours) use [0, 1].
+        # Newer AutoTVM defines unroll_explicit as [1] only for nvptx / rocm targets;
+        # TopHub's records (its rocm ones too, tuned before that rule) and ours use [0, 1].
         return ConfigSpace([
             SplitKnob("tile_f", op.co, 4),
             SplitKnob("tile_y", op.oh, 4),
