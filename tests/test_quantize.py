@@ -146,13 +146,60 @@ def test_store_lowbit_output_off_keeps_int32_between_layers() -> None:
     np.testing.assert_array_equal(evaluate(fused, [x])[0], b)
 
 
-def test_round_for_shift_off_requantizes_with_multiply_and_round() -> None:
-    q = quantize(small_net(), QConfig(round_for_shift=False))
-    counts = ops(q)
-    assert counts["right_shift"] == 0 and counts["round"] >= 3
+def test_round_for_shift_off_floors_instead_of_rounding() -> None:
+    """TVM's round_for_shift=False still shifts, without the rounding bias."""
+    on, off = quantize(small_net()), quantize(small_net(), QConfig(round_for_shift=False))
+    assert ops(off)["right_shift"] == ops(on)["right_shift"] >= 2
+    assert ops(off)["add"] == ops(on)["add"] - ops(on)["right_shift"]  # no "+ 2**(k-1)"
     x = np.random.default_rng(4).uniform(-1, 1, (1, 4, 8, 8)).astype(np.float32)
     ref = evaluate(small_net(), [x])[0]
-    assert np.abs(evaluate(q, [x])[0] - ref).max() < 0.05 * np.abs(ref).max()
+    assert np.abs(evaluate(off, [x])[0] - ref).max() < 0.05 * np.abs(ref).max()
+
+
+def test_two_int32_values_add_at_the_finer_scale_exactly() -> None:
+    """A projection shortcut: the coarser accumulator is shifted left (exact) so the sum
+    is rounded once, when it is requantized; the whole block still fuses."""
+    rng = np.random.default_rng(7)
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 6, 6))
+    first = b.call("nn.relu", [b.call("nn.conv2d", [x, b.const(
+        rng.normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32))], padding=(1, 1, 1, 1))])
+    main = b.call("nn.conv2d", [first, b.const(
+        rng.normal(0, 0.05, (8, 8, 3, 3)).astype(np.float32))], padding=(1, 1, 1, 1))
+    short = b.call("nn.conv2d", [first, b.const(
+        rng.normal(0, 0.5, (8, 8, 1, 1)).astype(np.float32))])
+    out = b.call("nn.relu", [b.call("add", [main, short])])
+    q = quantize(b.finish([b.call("nn.global_avg_pool2d", [out])]))
+    added = next(n for n in q.nodes if n.op == "add" and n.inputs[0].op != "right_shift"
+                 and n.inputs[1].op in ("multiply", "nn.conv2d"))
+    assert {a.op for a in added.inputs} == {"nn.conv2d", "multiply"}  # one side << k
+    fused = optimize(q)
+    int8 = [n for n in fused.nodes if n.op == "fused.conv2d" and n.attr("out_dtype") == "int32"
+            and id(n) in fused.live()]
+    assert any(n.attr("epilogue") == ("add", "relu", "shift") for n in int8)
+
+
+def test_ir_round_and_integer_clip_match_c() -> None:
+    from compiler.ir.ops import evaluate_op
+
+    x = np.array([0.49999997, -0.49999997, 0.5, -0.5, 2.5, 8388609.0], np.float32)
+    np.testing.assert_array_equal(evaluate_op("round", [x], {}),
+                                  [0.0, -0.0, 1.0, -1.0, 3.0, 8388609.0])
+    ints = np.array([0, 2, 5], np.int32)
+    np.testing.assert_array_equal(evaluate_op("clip", [ints], {"a_min": 0.5, "a_max": 3.7}),
+                                  [1, 2, 3])
+
+
+def test_tiny_weights_keep_their_conv_float() -> None:
+    g = small_net()
+    rewritten = quantize(g)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 8, 8))
+    c = b.call("nn.conv2d", [x, b.const(np.full((8, 4, 3, 3), 3e-9, np.float32))])
+    tiny = quantize(b.finish([b.call("nn.conv2d", [c, b.const(
+        np.full((8, 8, 1, 1), 3e-9, np.float32))])]))
+    assert all(n.ty.dtype == "float32" for n in tiny.nodes if n.op == "nn.conv2d")
+    assert ops(rewritten)["right_shift"] >= 2
 
 
 def requantize_chain() -> Graph:
@@ -202,3 +249,18 @@ def test_quantized_net_on_the_device_matches_numpy(device) -> None:  # type: ign
         (got,) = module.run([x])
         (want,) = evaluate(graph, [x])
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_int8_elementwise_chains_wrap_like_numpy(device) -> None:  # type: ignore[no-untyped-def]
+    """A fused int8 chain wraps at every step (100 + 100 -> -56, then relu -> 0)."""
+    from compiler.build_module import build
+
+    b = GraphBuilder()
+    x = b.input("x", (4, 8), "int8")
+    y = b.call("nn.relu", [b.call("add", [x, b.const(np.int8(100))])])
+    graph = optimize(b.finish([b.call("multiply", [y, b.const(np.int8(3))])]))
+    assert any(n.op == "fused.elementwise" for n in graph.nodes)
+    data = np.random.default_rng(8).integers(-128, 128, (4, 8)).astype(np.int8)
+    data[0, :2] = [100, 27]
+    (got,) = build(graph, device=device, optimized=True).run([data])
+    np.testing.assert_array_equal(got, evaluate(graph, [data])[0])

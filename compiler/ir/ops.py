@@ -7,6 +7,7 @@ what the host device runs and what every pass is tested against.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -139,9 +140,14 @@ _op("sigmoid", _same, _f32(lambda x, a: 1.0 / (1.0 + np.exp(-x[0].astype(np.floa
 _op("copy", lambda t, a: t[0], lambda x, a: x[0].copy(), elementwise=True)
 # Quantization (TVM v0.5's realize): round half away from zero as C's round() does,
 # clip, cast (float -> int truncates toward zero, as C), arithmetic right shift.
-_op("round", _same,
-    _f32(lambda x, a: np.sign(x[0]) * np.floor(np.abs(x[0]) + np.float32(0.5))),
-    elementwise=True)
+def round_half_away(x: np.ndarray) -> np.ndarray:
+    """C's round(): to the nearest integer, ties away from zero (numpy's rounds to even;
+    floor(|x| + 0.5) is wrong just below a tie in float32)."""
+    t = np.trunc(x)
+    return np.where(np.abs(x - t) >= 0.5, t + np.sign(x), t)
+
+
+_op("round", _same, _f32(lambda x, a: round_half_away(x[0])), elementwise=True)
 
 
 def _clip_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -150,8 +156,14 @@ def _clip_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     return _numeric(types, attrs)
 
 
-_op("clip", _clip_infer, _f32(lambda x, a: np.clip(x[0], a["a_min"], a["a_max"])),
-    elementwise=True, a_min=0.0, a_max=0.0)
+def _clip(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    lo, hi = attrs["a_min"], attrs["a_max"]
+    if np.issubdtype(xs[0].dtype, np.integer):  # integer bounds inside [a_min, a_max]
+        lo, hi = math.ceil(lo), math.floor(hi)
+    return np.clip(xs[0], lo, hi).astype(xs[0].dtype)
+
+
+_op("clip", _clip_infer, _clip, elementwise=True, a_min=0.0, a_max=0.0)
 
 
 def _cast_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:

@@ -115,7 +115,8 @@ def chain(node: Node) -> Kernel:
         expr = _step_expr(op, dict(items), dtype).replace("a0", "v")
         if operand >= 0:
             expr = expr.replace("a1", f"a{operand}")
-        body.append(f"v = {expr};")
+        # int8 arithmetic wraps at every step, as numpy's does
+        body.append(f"v = (INT8_T)({expr});" if dtype == "int8" else f"v = {expr};")
     return _kernel(node, names, shapes, [*body, _store(node, "v")])
 
 

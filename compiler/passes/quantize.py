@@ -1,7 +1,7 @@
 """int8 quantization with TVM v0.5's qconfig: annotate, calibrate and realize in one walk.
 
-What TVM v0.5 did, and so do we (``relay.quantize`` with the same qconfig names,
-meanings and defaults):
+What TVM v0.5 did (``relay.quantize`` with the same qconfig names, meanings and
+defaults), and where we differ:
 
 - every ``nn.conv2d`` after the first ``skip_k_conv`` ones takes int8 data and int8
   weights and accumulates in int32 (``out_dtype="int32"``);
@@ -9,9 +9,11 @@ meanings and defaults):
   2**(nbit_input - 1)``, a weight's ``2**ceil(log2(max|w|)) / 2**(nbit_weight - 1)``,
   values clipped to ``±(2**(nbit - 1) - 1)``;
 - a conv's int32 output has scale ``s_input * s_weight``; bias and constants added to it
-  are quantized to that scale; an ``add`` of two quantized values brings both to the
-  coarser scale; going from int32 back to int8 is a rounding right shift when the ratio
-  of scales is a power of two (``round_for_shift``), else a float multiply and round;
+  are quantized to that scale, in int32 (v0.5 quantized them as 8-bit weights: this
+  keeps more of the bias); an ``add`` of two int32 values brings both to the finer
+  scale (a left shift, exact), of an int8 and an int32 value to the int8's; going from
+  int32 back to int8 is a right shift (scales are powers of two apart), rounding with
+  ``round_for_shift``, flooring without, as TVM;
 - ``store_lowbit_output``: an int32 result is requantized to int8 as soon as a reader
   other than bias_add / relu / add needs it, so tensors between layers are stored in
   int8 (off: they stay int32 and each reader converts);
@@ -34,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from compiler.ir import CONST, INPUT, Graph, GraphBuilder, Node
+from compiler.ir.ops import round_half_away
 from compiler.passes.dead_code import eliminate_dead_code
 from compiler.passes.fold_batch_norm import fold_batch_norm
 from compiler.passes.fold_constant import fold_constant
@@ -42,6 +45,8 @@ from compiler.passes.fold_constant import fold_constant
 _INT32_READERS = frozenset({"nn.bias_add", "nn.relu", "add"})
 # int8 packs four input channels per dp4a word: convs with other channel counts stay float
 CHANNEL_PACK = 4
+# largest requantize shift (bits): convs whose weights would need more stay float
+MAX_SHIFT = 24
 
 
 class QuantizeError(ValueError):
@@ -178,12 +183,13 @@ class _Realizer:
         return self.rescale(node, q.scale, scale)
 
     def rescale(self, node: Node, scale: float, target: float) -> Node:
-        """An int32 value at ``scale`` re-expressed at the coarser ``target``: a rounding
-        right shift when the ratio is a power of two (round_for_shift), else float
-        multiply / round / cast (the result may be float32 before the caller's clip)."""
+        """An int32 value at ``scale`` re-expressed at ``target``. Scales here are powers
+        of two apart: to a coarser scale a right shift, rounding (``round_for_shift``:
+        add half first) or flooring (off, as TVM); to a finer one an exact multiply.
+        Other ratios (not produced by this pass) go through float multiply and round."""
         ratio = target / scale
         shift = round(math.log2(ratio)) if ratio > 0 else 0
-        if abs(ratio - 2.0 ** shift) > 1e-9 * ratio or not self.config.round_for_shift:
+        if abs(ratio - 2.0 ** shift) > 1e-9 * ratio:
             real = self.b.call("cast", [node], dtype="float32")
             scaled = self.b.call("multiply", [real, self.const(1 / ratio, "float32")])
             return self.b.call("cast", [self.b.call("round", [scaled])], dtype="int32")
@@ -191,8 +197,9 @@ class _Realizer:
             return node
         if shift < 0:
             return self.b.call("multiply", [node, self.const(2 ** -shift, "int32")])
-        half = self.b.call("add", [node, self.const(1 << (shift - 1), "int32")])
-        return self.b.call("right_shift", [half, self.const(shift, "int32")])
+        if self.config.round_for_shift:
+            node = self.b.call("add", [node, self.const(1 << (shift - 1), "int32")])
+        return self.b.call("right_shift", [node, self.const(shift, "int32")])
 
     # ---- the walk
 
@@ -203,8 +210,12 @@ class _Realizer:
         if self.convs_seen <= self.config.skip_k_conv:
             return False
         data, weight = node.inputs
-        return (node.attr("groups") == 1 and weight.is_const
-                and data.ty.shape[1] % CHANNEL_PACK == 0)
+        if not (node.attr("groups") == 1 and weight.is_const
+                and data.ty.shape[1] % CHANNEL_PACK == 0):
+            return False
+        # requantizing shifts by log2(1 / weight scale) bits: keep them in an int32 shift
+        assert weight.value is not None
+        return self.config.weight_scale(weight.value) >= 2.0 ** -MAX_SHIFT
 
     def visit(self, node: Node) -> _Q:
         if node.op in (INPUT, CONST):
@@ -240,7 +251,7 @@ class _Realizer:
         scale = data.scale
         value = self.as_int32(data, scale)
         assert constant.value is not None
-        q = _round(constant.value.astype(np.float64) / scale).astype(np.int32)
+        q = _to_int32(constant.value.astype(np.float64) / scale)
         args = [value, self.b.const(q, f"{constant.name}.int32".lstrip("."))]
         op = node.op if per_channel else "add"
         return _Q(self.b.call(op, args, node.name, **node.attrs), "int32", scale)
@@ -254,7 +265,12 @@ class _Realizer:
         # a float operand joins as an int8 input (TVM: simulated_quantize to INPUT)
         a = _Q(self.as_int8(a), "int8", self.config.input_scale) if a.kind == "float" else a
         b = _Q(self.as_int8(b), "int8", self.config.input_scale) if b.kind == "float" else b
-        scale = max(a.scale, b.scale)
+        # two int32 accumulators meet at the finer scale (the coarser one shifted left,
+        # exactly: one rounding when the sum is requantized, as TVM's ChooseDomScale);
+        # an int8 operand already sits at the input scale the sum is requantized to, so
+        # the int32 one comes to it, rounding once
+        both_wide = a.kind == b.kind == "int32"
+        scale = min(a.scale, b.scale) if both_wide else max(a.scale, b.scale)
         out = self.b.call("add", [self.as_int32(a, scale), self.as_int32(b, scale)],
                           node.name)
         return _Q(out, "int32", scale)
@@ -276,7 +292,14 @@ class _Realizer:
 
 def _round(x: np.ndarray) -> np.ndarray:
     """Half away from zero, as the IR's round (C's round()) does."""
-    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+    return round_half_away(np.asarray(x, dtype=np.float64))
+
+
+def _to_int32(x: np.ndarray) -> np.ndarray:
+    """Rounded and saturated to int32 (a bias far beyond the accumulator's range would
+    otherwise wrap)."""
+    info = np.iinfo(np.int32)
+    return np.clip(_round(x), info.min, info.max).astype(np.int32)
 
 
 def quantize(graph: Graph, qconfig: QConfig | None = None) -> Graph:

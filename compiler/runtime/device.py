@@ -77,8 +77,12 @@ class Device(ABC):
         module = self._compile(kernel.source)
         if not kernel.stages:
             return self._function(module, kernel.entry)
-        return Staged(tuple(self._function(module, s.entry) for s in kernel.stages),
-                      tuple(self.alloc_bytes(b.nbytes) for b in kernel.scratch))
+        functions = tuple(self._function(module, s.entry) for s in kernel.stages)
+        try:
+            scratch = tuple(self.alloc_bytes(b.nbytes) for b in kernel.scratch)
+        except Exception as err:  # noqa: BLE001 - each backend raises its own error types
+            raise DeviceRuntimeError(f"scratch buffers of {kernel.entry}: {err}") from None
+        return Staged(functions, scratch)
 
     @abstractmethod
     def _compile(self, source: str) -> Any:

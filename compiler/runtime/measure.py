@@ -94,6 +94,8 @@ def measure(device: Device, request: MeasureRequest,
         program = device.build(kernel)
     except BuildError as err:
         return fail(MeasureErrorNo.COMPILE_DEVICE, f"device compiler failed: {err}")
+    except DeviceRuntimeError as err:  # a multi-stage kernel's scratch did not fit
+        return fail(MeasureErrorNo.RUNTIME_DEVICE, str(err))
     stage("run")
     arrays, reference = task_operands(request.template, request.workload, request.epilogue,
                                   request.seed)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from compiler.templates.prelude import with_prelude
-from compiler.templates.space import ConfigError, ConfigSpace
+from compiler.templates.space import ConfigError, ConfigSpace, OtherKnob, SplitKnob
 from schemas import Config, DeviceLimits, Workload
 
 DIALECTS = ("cuda", "opencl")
@@ -534,6 +534,43 @@ def split_features(knobs: dict[str, np.ndarray], *names: str) -> dict[str, np.nd
         for i, column in enumerate(factors(knobs[name])):
             out[f"{name}.{i}"] = np.log2(column)
     return out
+
+
+def unroll_knobs(max_steps: tuple[int, ...]) -> list[OtherKnob]:
+    """AutoTVM's unroll pragmas of a GPU schedule, last in its space: the
+    ``auto_unroll_max_step`` candidates and ``unroll_explicit`` (0, 1)."""
+    return [OtherKnob("auto_unroll_max_step", max_steps), OtherKnob("unroll_explicit", (0, 1))]
+
+
+def split_knobs(space: ConfigSpace) -> dict[str, SplitKnob]:
+    """The split knobs of ``space`` by name (a default config picks their nearest values)."""
+    return {k.name: k for k in space.knobs if isinstance(k, SplitKnob)}
+
+
+def block_features(knobs: dict[str, np.ndarray], threads: Any, blocks: Any, acc: Any,
+                   shared_bytes: Any) -> dict[str, Any]:
+    """The first features of a GPU schedule with unroll pragmas: the pragmas, then log2
+    of threads per block, blocks, accumulators per thread and local-memory bytes."""
+    return {
+        "auto_unroll_max_step": knobs["auto_unroll_max_step"],
+        "unroll_explicit": knobs["unroll_explicit"],
+        "log_threads": log2(threads),
+        "log_blocks": log2(blocks),
+        "log_acc": log2(acc),
+        "log_shared_bytes": log2(shared_bytes),
+    }
+
+
+def inner_unrolled(knobs: dict[str, np.ndarray], inner: Any) -> Any:
+    """Whether a compute nest of ``inner`` statements is unrolled: it fits
+    auto_unroll_max_step (emit.Unroll)."""
+    max_step = knobs["auto_unroll_max_step"]
+    return (max_step > 0) & (inner <= max_step)
+
+
+def warp_efficiency(threads: Any) -> Any:
+    """The share of a block's 32-wide warps its threads fill."""
+    return threads / (32 * ceil_div(threads, 32))
 
 
 def _workload_features(op: Any) -> dict[str, float]:

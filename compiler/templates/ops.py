@@ -10,8 +10,56 @@ import numpy as np
 from compiler.templates.base import WorkloadError, int_pair, tensor_shape
 
 
+class ConvWindow:
+    """Output extent of a 2-D convolution window, for the conv ops' dataclasses: reads
+    their fields h, w, kh, kw, stride, pad (top, left, bottom, right) and dilation. Not
+    a dataclass itself, so it adds no fields (nor workload features)."""
+
+    h: int
+    w: int
+    kh: int
+    kw: int
+    stride: tuple[int, int]
+    pad: tuple[int, int, int, int]
+    dilation: tuple[int, int]
+
+    @property
+    def oh(self) -> int:
+        span = (self.kh - 1) * self.dilation[0] + 1
+        return (self.h + self.pad[0] + self.pad[2] - span) // self.stride[0] + 1
+
+    @property
+    def ow(self) -> int:
+        span = (self.kw - 1) * self.dilation[1] + 1
+        return (self.w + self.pad[1] + self.pad[3] - span) // self.stride[1] + 1
+
+
+def conv_args(args: tuple[Any, ...] | list[Any], what: str
+              ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                         tuple[int, ...], tuple[int, ...]]:
+    """AutoTVM's conv args [data, kernel, strides, padding, dilation, out_dtype] (float32):
+    data and kernel shapes, strides, padding (t, l, b, r; 2 values mean (t, l) twice) and
+    dilation. ``what`` names the operator in the count message."""
+    if len(args) != 6:
+        raise WorkloadError(
+            f"{what} args: expected [data, kernel, strides, padding, dilation, out_dtype], "
+            f"got {len(args)} items"
+        )
+    data, _ = tensor_shape(args[0], "args[0] (data)", 4)
+    kernel, _ = tensor_shape(args[1], "args[1] (kernel)", 4)
+    stride = int_pair(args[2], "args[2] (strides)")
+    pad_arg = args[3]
+    if isinstance(pad_arg, (list, tuple)) and len(pad_arg) == 2:
+        pad_arg = [pad_arg[0], pad_arg[1], pad_arg[0], pad_arg[1]]
+    pad = int_pair(pad_arg, "args[3] (padding)", length=4, minimum=0)
+    dilation = int_pair(args[4], "args[4] (dilation)")
+    if args[5] != "float32":
+        raise WorkloadError(f"args[5] (out_dtype): {args[5]!r} is not supported (float32 only)")
+    return data, kernel, stride, pad, dilation
+
+
 @dataclass(frozen=True)
-class Conv2dOp:
+class Conv2dOp(ConvWindow):
     """conv2d NCHW/OIHW with AutoTVM's args: data, kernel, strides, padding, dilation, out_dtype."""
 
     n: int
@@ -27,21 +75,7 @@ class Conv2dOp:
 
     @classmethod
     def from_args(cls, args: tuple[Any, ...]) -> Conv2dOp:
-        if len(args) != 6:
-            raise WorkloadError(
-                "conv2d args: expected [data, kernel, strides, padding, dilation, out_dtype], "
-                f"got {len(args)} items"
-            )
-        (n, c, h, w), _ = tensor_shape(args[0], "args[0] (data)", 4)
-        (co, ci, kh, kw), _ = tensor_shape(args[1], "args[1] (kernel)", 4)
-        stride = int_pair(args[2], "args[2] (strides)")
-        pad_arg = args[3]
-        if isinstance(pad_arg, (list, tuple)) and len(pad_arg) == 2:
-            pad_arg = [pad_arg[0], pad_arg[1], pad_arg[0], pad_arg[1]]
-        pad = int_pair(pad_arg, "args[3] (padding)", length=4, minimum=0)
-        dilation = int_pair(args[4], "args[4] (dilation)")
-        if args[5] != "float32":
-            raise WorkloadError(f"args[5] (out_dtype): {args[5]!r} is not supported (float32 only)")
+        (n, c, h, w), (co, ci, kh, kw), stride, pad, dilation = conv_args(args, "conv2d")
         if ci != c:
             raise WorkloadError(f"args[1] (kernel): {ci} input channels, data has {c}")
         op = cls(n, c, h, w, co, kh, kw, stride, pad, dilation)  # type: ignore[arg-type]
@@ -51,16 +85,6 @@ class Conv2dOp:
                 f"{op.kh}x{op.kw} does not fit the padded {h}x{w} input"
             )
         return op
-
-    @property
-    def oh(self) -> int:
-        span = (self.kh - 1) * self.dilation[0] + 1
-        return (self.h + self.pad[0] + self.pad[2] - span) // self.stride[0] + 1
-
-    @property
-    def ow(self) -> int:
-        span = (self.kw - 1) * self.dilation[1] + 1
-        return (self.w + self.pad[1] + self.pad[3] - span) // self.stride[1] + 1
 
     @property
     def input_shapes(self) -> list[tuple[int, ...]]:
