@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import queue
+import random
+import re
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,8 +19,9 @@ import pytest
 from compiler.runtime.device import Device
 from compiler.runtime.isolate import IsolatedMeasurer
 from compiler.runtime.measure import MeasureRequest
-from compiler.templates import get_template
-from schemas import Config, MeasureResult, Workload
+from compiler.templates import ConfigError, Epilogue, Template, WorkloadError, get_template
+from schemas import Config, DeviceLimits, MeasureResult, Record, Workload
+from schemas.record import read_lines
 
 # Every CUDA source a test writes is compiled for this GPU generation (no GPU needed).
 NVCC = shutil.which("nvcc") or shutil.which("/usr/local/bin/nvcc")
@@ -32,6 +37,96 @@ def nvcc_ptx(source: Path, timeout: float = 600) -> subprocess.CompletedProcess[
 
 REPO = Path(__file__).resolve().parents[1]
 TOPHUB_DIR = REPO.parent / "shared" / "data" / "tophub"
+
+# A typical GPU's per-block limits, with the register tile capped at 64 accumulators:
+# what the random sweeps of the GPU templates draw their configs under.
+GPU_LIMITS = DeviceLimits(max_threads_per_block=1024, max_thread_x=1024, max_thread_y=1024,
+                          max_thread_z=64, max_shared_memory_per_block=48 * 1024,
+                          max_local_elements=64)
+
+
+def draw_valid_configs(template: Template, wl: Workload, name: str, count: int,
+                       limits: DeviceLimits = GPU_LIMITS) -> tuple[Config, ...]:
+    """``count`` distinct configs of ``wl`` that fit ``limits``, drawn with a seed fixed
+    by the template's name and ``name`` (the layer's)."""
+    rng = random.Random(zlib.crc32(f"{template.name}/{name}".encode()))
+    found: dict[int, Config] = {}
+    while len(found) < count:
+        config = template.random_config(wl, rng, limits)
+        found.setdefault(config.index, config)
+    return tuple(found.values())
+
+
+def read_tophub(template: str, logs: Iterable[str]) -> tuple[tuple[str, int, Record], ...]:
+    """(log, line number, record) of every ``template`` record of TopHub's ``logs``;
+    skips the test when a log is missing."""
+    out = []
+    for log in logs:
+        path = TOPHUB_DIR / log
+        if not path.exists():
+            pytest.skip(f"TopHub log not found at {path} (expected ../shared/data/tophub)")
+        with path.open() as f:
+            out += [(log, n, rec) for n, rec in read_lines(f)
+                    if not isinstance(rec, Exception) and rec.workload.template == template]
+    return tuple(out)
+
+
+def index_matches(template: Template, rec: Record) -> bool:
+    """Whether our index of the record's decoded entity is the record's own."""
+    space = template.space(rec.workload)
+    return space.index_of(template.decode(rec.workload, rec.config)) == rec.config.index
+
+
+def cuda_sources(template: Template, trials: Sequence[tuple[Workload, Config, Epilogue]],
+                 entries: Sequence[str]) -> list[tuple[str, str]]:
+    """(label, CUDA source) of each trial, every kernel entry of trial i renamed
+    ``{entry}_i`` so that one file can hold them all."""
+    out = []
+    for i, (wl, config, ep) in enumerate(trials):
+        src = template.codegen(wl, config, dialect="cuda", epilogue=ep).source
+        for entry in entries:
+            assert src.count(entry) == 1
+            src = src.replace(entry, f"{entry}_{i}")
+        out.append((f"workload {json.dumps(wl.args_json())} epilogue {ep.ops} "
+                    f"config {json.dumps(config.to_json())}", src))
+    return out
+
+
+def nvcc_batches(tmp_path: Path, cases: dict[str, list[tuple[str, str]]],
+                 entries: Sequence[str],
+                 nvcc: Callable[[Path], subprocess.CompletedProcess[str]] = nvcc_ptx
+                 ) -> list[str]:
+    """Compiles (``nvcc``: SOURCE -> SOURCE.ptx) each case's ``cuda_sources`` as one .cu
+    file, two files at a time, and checks that a passing file's PTX has every renamed
+    entry; a failing file is recompiled kernel by kernel to name the trials at fault.
+    Returns the problems."""
+    files = []
+    for name, sources in cases.items():
+        path = tmp_path / f"{re.sub(r'[^a-z0-9]+', '_', name)}.cu"
+        path.write_text("\n".join(src for _, src in sources))
+        files.append((path, sources))
+
+    with ThreadPoolExecutor(2) as ex:
+        done = list(ex.map(nvcc, [f[0] for f in files]))
+
+    entry_re = re.compile(r"\.entry\s+((?:" + "|".join(map(re.escape, entries)) + r")_\d+)")
+    problems = []
+    for (path, sources), proc in zip(files, done):
+        if proc.returncode == 0:
+            found = set(entry_re.findall(path.with_suffix(".ptx").read_text()))
+            assert found == {f"{e}_{i}" for e in entries for i in range(len(sources))}, path.name
+            continue
+        before = len(problems)
+        for i, (label, src) in enumerate(sources):
+            one = tmp_path / f"{path.stem}_{i}.cu"
+            one.write_text(src)
+            single = nvcc(one)
+            if single.returncode != 0:
+                problems.append(f"{label}:\n{single.stderr.strip()[:2000]}")
+        if len(problems) == before:
+            problems.append(f"{path.name} failed but every kernel compiles alone:\n"
+                            f"{proc.stderr.strip()[:2000]}")
+    return problems
 
 CONV = "conv2d_nchw.cuda"
 CONV_CPU = "conv2d_NCHWc.x86"
@@ -117,6 +212,34 @@ def repro(request: MeasureRequest) -> str:
     if request.epilogue.ops:
         cmd += f" --epilogue {','.join(request.epilogue.ops)}"
     return cmd
+
+
+def assert_measured_ok(pool: MeasurePool, requests: Sequence[MeasureRequest], what: str,
+                       labels: Sequence[str] | None = None) -> None:
+    """Measures ``requests`` on ``pool``; fails naming each trial that did not match
+    numpy ("N of M ``what`` failed", with the ``labels`` of the failed requests)."""
+    results = pool.map(requests)
+    failed = [(req, res) for req, res in results if not res.ok]
+    where = ""
+    if labels is not None:
+        where = f" ({[label for label, (_, res) in zip(labels, results) if not res.ok]})"
+    assert not failed, (f"{len(failed)} of {len(results)} {what}{where} failed:\n"
+                        f"{describe_failures(failed)}")
+
+
+def tophub_decode_failures(template: Template, records: Sequence[tuple[str, int, Record]]
+                           ) -> tuple[dict[str, int], list[str]]:
+    """Records per log, and one line per record (of ``read_tophub``) that does not
+    decode to a config of our space; prints how many map."""
+    per_log = Counter(log for log, _, _ in records)
+    failures = []
+    for log, line_no, rec in records:
+        try:
+            template.decode(rec.workload, rec.config)
+        except (ConfigError, WorkloadError) as err:
+            failures.append(f"{log}:{line_no} {json.dumps(rec.workload.args_json())}: {err}")
+    print(f"\n{len(records) - len(failures)} of {len(records)} records map: {dict(per_log)}")
+    return dict(per_log), failures
 
 
 def describe_failures(pairs: Sequence[tuple[MeasureRequest, MeasureResult]]) -> str:

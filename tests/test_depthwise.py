@@ -16,24 +16,25 @@ Acceptance:
 
 from __future__ import annotations
 
-import json
-import random
 import re
-import zlib
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import (
+    GPU_LIMITS,
     NVCC_ARGS,
-    TOPHUB_DIR,
     MeasurePool,
+    assert_measured_ok,
+    cuda_sources,
     describe_failures,
+    draw_valid_configs,
+    index_matches,
     needs_nvcc,
-    nvcc_ptx,
+    nvcc_batches,
+    read_tophub,
+    tophub_decode_failures,
 )
 
 from compiler.runtime.device import Device
@@ -46,14 +47,10 @@ from compiler.templates.depthwise_conv2d import (
     channels_spanned,
 )
 from schemas import Config, DeviceLimits, MeasureOptions, Record, Workload
-from schemas.record import read_lines
 
 DEPTHWISE = "depthwise_conv2d_nchw.cuda"
 TEMPLATE = get_template(DEPTHWISE)
 OPTIONS = MeasureOptions(number=1, repeat=1, timeout_s=90)
-GPU_LIMITS = DeviceLimits(max_threads_per_block=1024, max_thread_x=1024, max_thread_y=1024,
-                          max_thread_z=64, max_shared_memory_per_block=48 * 1024,
-                          max_local_elements=64)
 
 
 def depthwise_workload(n: int, c: int, hw: int, multiplier: int = 1, k: int = 3,
@@ -98,13 +95,7 @@ def _workload(name: str) -> Workload:
 @lru_cache(maxsize=None)
 def draw_configs(name: str) -> tuple[Config, ...]:
     """Distinct valid configs (GPU limits) drawn with a seed fixed per layer."""
-    wl, count = _workload(name), CONFIGS[name]
-    rng = random.Random(zlib.crc32(f"{DEPTHWISE}/{name}".encode()))
-    found: dict[int, Config] = {}
-    while len(found) < count:
-        config = TEMPLATE.random_config(wl, rng, GPU_LIMITS)
-        found.setdefault(config.index, config)
-    return tuple(found.values())
+    return draw_valid_configs(TEMPLATE, _workload(name), name, CONFIGS[name])
 
 
 # A multiplier of 3 with blocks of 2 output channels: the block at f0 = 4 reads input
@@ -287,28 +278,13 @@ OUTER_MISMATCH = {92: ("tile_f", (128, 1, 4, 1)), 96: ("tile_y", (4, 1, 7, 1)),
 
 @lru_cache(maxsize=1)
 def tophub_records() -> tuple[tuple[str, int, Record], ...]:
-    out = []
-    for log in LOGS:
-        path = TOPHUB_DIR / log
-        if not path.exists():
-            pytest.skip(f"TopHub log not found at {path} (expected ../shared/data/tophub)")
-        with path.open() as f:
-            out += [(log, n, rec) for n, rec in read_lines(f)
-                    if not isinstance(rec, Exception) and rec.workload.template == DEPTHWISE]
-    return tuple(out)
+    return read_tophub(DEPTHWISE, LOGS)
 
 
 def test_every_tophub_record_maps_to_a_config_of_our_space() -> None:
     records = tophub_records()
-    per_log = Counter(log for log, _, _ in records)
-    failures = []
-    for log, line_no, rec in records:
-        try:
-            TEMPLATE.decode(rec.workload, rec.config)
-        except (ConfigError, WorkloadError) as err:
-            failures.append(f"{log}:{line_no} {json.dumps(rec.workload.args_json())}: {err}")
-    print(f"\n{len(records) - len(failures)} of {len(records)} records map: {dict(per_log)}")
-    assert dict(per_log) == LOGS and len(records) >= 115
+    per_log, failures = tophub_decode_failures(TEMPLATE, records)
+    assert per_log == LOGS and len(records) >= 115
     assert not failures, f"{len(failures)} records do not map:\n" + "\n".join(failures)
 
 
@@ -333,8 +309,7 @@ def test_entities_whose_outer_factor_is_off_read_as_autotvm_applies_them() -> No
 
 
 def _index_matches(rec: Record) -> bool:
-    space = TEMPLATE.space(rec.workload)
-    return space.index_of(TEMPLATE.decode(rec.workload, rec.config)) == rec.config.index
+    return index_matches(TEMPLATE, rec)
 
 
 def test_record_index_agrees_with_our_enumeration() -> None:
@@ -382,12 +357,9 @@ def test_sample_of_tophub_records_is_correct_on_pocl(measure_pool: MeasurePool,
     sample = _tophub_sample(device.limits)
     assert len(sample) >= 5 and {log for log, _, _ in sample} == set(LOGS)
     options = MeasureOptions(number=1, repeat=1, timeout_s=120)
-    results = measure_pool.map([MeasureRequest(DEPTHWISE, r.workload, r.config, options)
-                                for _, _, r in sample])
-    failed = [(req, res) for req, res in results if not res.ok]
-    where = [f"{log}:{n}" for (log, n, _), (_, res) in zip(sample, results) if not res.ok]
-    assert not failed, (f"{len(failed)} of {len(sample)} TopHub records ({where}) failed "
-                        f"on PoCL:\n{describe_failures(failed)}")
+    assert_measured_ok(measure_pool, [MeasureRequest(DEPTHWISE, r.workload, r.config, options)
+                                      for _, _, r in sample],
+                       "TopHub records on PoCL", [f"{log}:{n}" for log, n, _ in sample])
 
 
 # ---- kernels on PoCL and nvcc ----
@@ -408,10 +380,8 @@ def test_sweep_meets_the_acceptance_bar() -> None:
 def test_random_configs_match_numpy(measure_pool: MeasurePool, name: str) -> None:
     wl = _workload(name)
     configs = draw_configs(name)
-    results = measure_pool.map([MeasureRequest(DEPTHWISE, wl, c, OPTIONS) for c in configs])
-    failed = [(req, res) for req, res in results if not res.ok]
-    assert not failed, (f"{len(failed)} of {len(results)} configs on {name} failed:\n"
-                        f"{describe_failures(failed)}")
+    assert_measured_ok(measure_pool, [MeasureRequest(DEPTHWISE, wl, c, OPTIONS) for c in configs],
+                       f"configs on {name}")
 
 
 @pytest.mark.slow
@@ -428,10 +398,7 @@ def test_fused_epilogues_match_numpy(measure_pool: MeasurePool) -> None:
     add-then-relu); with M = 2 the bias is per output channel (C * M values)."""
     requests = [MeasureRequest(DEPTHWISE, _workload(name), c, OPTIONS, ep)
                 for name in EPILOGUE_LAYERS for c in draw_configs(name)[:2] for ep in EPILOGUES]
-    results = measure_pool.map(requests)
-    failed = [(req, res) for req, res in results if not res.ok]
-    assert not failed, (f"{len(failed)} of {len(results)} fused trials failed:\n"
-                        f"{describe_failures(failed)}")
+    assert_measured_ok(measure_pool, requests, "fused trials")
 
 
 @pytest.mark.slow
@@ -445,37 +412,6 @@ def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
         cases[name] += [(_workload(name), c, ep) for c in draw_configs(name)[:2]
                         for ep in EPILOGUES]
     cases["straddle"] = [(STRADDLE, c, Epilogue()) for c in _straddle_configs()]
-    files = []
-    for name, trials in cases.items():
-        sources = []
-        for i, (wl, config, ep) in enumerate(trials):
-            src = TEMPLATE.codegen(wl, config, dialect="cuda", epilogue=ep).source
-            assert src.count(ENTRY) == 1
-            sources.append((wl, config, ep, src.replace(ENTRY, f"{ENTRY}_{i}")))
-        path = tmp_path / f"{re.sub(r'[^a-z0-9]+', '_', name)}.cu"
-        path.write_text("\n".join(s[3] for s in sources))
-        files.append((path, sources))
-
-    with ThreadPoolExecutor(2) as ex:
-        done = list(ex.map(nvcc_ptx, [f[0] for f in files]))
-
-    problems = []
-    for (path, sources), proc in zip(files, done):
-        if proc.returncode == 0:
-            ptx = path.with_suffix(".ptx").read_text()
-            found = set(re.findall(rf"\.entry\s+({ENTRY}_\d+)", ptx))
-            assert found == {f"{ENTRY}_{i}" for i in range(len(sources))}, path.name
-            continue
-        before = len(problems)
-        for i, (wl, config, ep, src) in enumerate(sources):
-            one = tmp_path / f"{path.stem}_{i}.cu"
-            one.write_text(src)
-            single = nvcc_ptx(one)
-            if single.returncode != 0:
-                problems.append(f"workload {json.dumps(wl.args_json())} epilogue {ep.ops} "
-                                f"config {json.dumps(config.to_json())}:\n"
-                                f"{single.stderr.strip()[:2000]}")
-        if len(problems) == before:
-            problems.append(f"{path.name} failed but every kernel compiles alone:\n"
-                            f"{proc.stderr.strip()[:2000]}")
+    problems = nvcc_batches(tmp_path, {name: cuda_sources(TEMPLATE, trials, [ENTRY])
+                                       for name, trials in cases.items()}, [ENTRY])
     assert not problems, "nvcc " + " ".join(NVCC_ARGS) + " rejected:\n" + "\n".join(problems)

@@ -12,30 +12,35 @@ A failure prints the ``tuner measure`` command line that reruns the trial.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import subprocess
-import zlib
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import NVCC, MeasurePool, describe_failures, needs_nvcc
+from conftest import (
+    GPU_LIMITS,
+    NVCC,
+    MeasurePool,
+    assert_measured_ok,
+    cuda_sources,
+    describe_failures,
+    draw_valid_configs,
+    needs_nvcc,
+    nvcc_batches,
+)
 
 from compiler.runtime.device import Device
 from compiler.runtime.measure import MeasureRequest
 from compiler.templates import Buffer, Epilogue, Kernel, WorkloadError, get_template
 from compiler.templates.conv2d_nchw_int8 import pack_int8_weight
 from compiler.templates.prelude import with_prelude
-from schemas import Config, DeviceLimits, MeasureOptions, Workload
+from schemas import Config, MeasureOptions, Workload
 
 INT8 = "conv2d_nchw_int8.cuda"
 OPTIONS = MeasureOptions(number=1, repeat=1, timeout_s=90)
-GPU_LIMITS = DeviceLimits(max_threads_per_block=1024, max_thread_x=1024, max_thread_y=1024,
-                          max_thread_z=64, max_shared_memory_per_block=48 * 1024,
-                          max_local_elements=64)
 CONFIGS_PER_WORKLOAD = 6
 
 
@@ -70,13 +75,7 @@ EPILOGUE_CASE = "resnet50.res3.3x3"
 @lru_cache(maxsize=None)
 def draw_configs(name: str, count: int = CONFIGS_PER_WORKLOAD) -> tuple[Config, ...]:
     """Distinct configs that fit GPU_LIMITS, drawn with a seed fixed per layer."""
-    tmpl, wl = get_template(INT8), WORKLOADS[name]
-    rng = random.Random(zlib.crc32(f"{INT8}/{name}".encode()))
-    found: dict[int, Config] = {}
-    while len(found) < count:
-        config = tmpl.random_config(wl, rng, GPU_LIMITS)
-        found.setdefault(config.index, config)
-    return tuple(found.values())
+    return draw_valid_configs(get_template(INT8), WORKLOADS[name], name, count)
 
 
 # ---- the template without a device ----
@@ -265,10 +264,7 @@ def test_random_configs_match_numpy_exactly(measure_pool: MeasurePool) -> None:
     requests = [MeasureRequest(INT8, WORKLOADS[name], c, OPTIONS)
                 for name in WORKLOADS for c in draw_configs(name)]
     assert len(requests) >= 20
-    results = measure_pool.map(requests)
-    failed = [(req, res) for req, res in results if not res.ok]
-    assert not failed, (f"{len(failed)} of {len(results)} int8 configs failed:\n"
-                        f"{describe_failures(failed)}")
+    assert_measured_ok(measure_pool, requests, "int8 configs")
 
 
 @pytest.mark.slow
@@ -316,14 +312,8 @@ def test_cuda_sources_compile_and_use_dp4a(tmp_path: Path, arch: str) -> None:
     trials = [(WORKLOADS[name], c, Epilogue()) for name in WORKLOADS for c in draw_configs(name)]
     trials += [(WORKLOADS[EPILOGUE_CASE], c, ep)
                for c in draw_configs(EPILOGUE_CASE)[:3] for ep in REQUANTIZE]
-    sources = []
-    for i, (wl, config, ep) in enumerate(trials):
-        k = tmpl.codegen(wl, config, dialect="cuda", epilogue=ep)
-        assert k.source.count(k.entry) == 1
-        sources.append(k.source.replace(k.entry, f"{k.entry}_{i}"))
-        entry = k.entry
-    path = tmp_path / f"int8_{arch}.cu"
-    path.write_text("\n".join(sources))
+    entry = "conv2d_nchw_int8_kernel"
+    sources = cuda_sources(tmpl, trials, [entry])
 
     def nvcc(src: Path) -> subprocess.CompletedProcess[str]:
         assert NVCC is not None
@@ -331,20 +321,10 @@ def test_cuda_sources_compile_and_use_dp4a(tmp_path: Path, arch: str) -> None:
                                str(src.with_suffix(".ptx"))],
                               capture_output=True, text=True, timeout=600)
 
-    proc = nvcc(path)
-    if proc.returncode != 0:  # name the configs at fault
-        problems = []
-        for i, (wl, config, ep) in enumerate(trials):
-            one = tmp_path / f"one_{i}.cu"
-            one.write_text(sources[i])
-            single = nvcc(one)
-            if single.returncode != 0:
-                problems.append(f"workload {json.dumps(wl.args_json())} epilogue {ep} config "
-                                f"{json.dumps(config.to_json())}:\n{single.stderr[:2000]}")
-        pytest.fail(f"nvcc -arch={arch} rejected:\n" + ("\n".join(problems) or proc.stderr[:3000]))
-    ptx = path.with_suffix(".ptx").read_text()
-    entries = set(re.findall(rf"\.entry\s+({entry}_\d+)", ptx))
-    assert entries == {f"{entry}_{i}" for i in range(len(trials))}
+    problems = nvcc_batches(tmp_path, {f"int8_{arch}": sources}, [entry], nvcc)
+    if problems:
+        pytest.fail(f"nvcc -arch={arch} rejected:\n" + "\n".join(problems))
+    ptx = (tmp_path / f"int8_{arch}.ptx").read_text()
     bodies = re.split(r"\.entry\s+", ptx)[1:]
     assert all("dp4a.s32.s32" in body for body in bodies), \
         [b.split("(")[0] for b in bodies if "dp4a.s32.s32" not in b]

@@ -14,29 +14,28 @@ Acceptance:
 
 from __future__ import annotations
 
-import json
-import random
-import re
-import zlib
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import (
+    GPU_LIMITS,
     NVCC_ARGS,
-    TOPHUB_DIR,
     MeasurePool,
-    describe_failures,
+    assert_measured_ok,
+    cuda_sources,
+    draw_valid_configs,
+    index_matches,
     needs_nvcc,
-    nvcc_ptx,
+    nvcc_batches,
+    read_tophub,
+    tophub_decode_failures,
 )
 
 from compiler.runtime.device import Device
 from compiler.runtime.measure import MeasureRequest
-from compiler.templates import ConfigError, Epilogue, WorkloadError, get_template
+from compiler.templates import Epilogue, WorkloadError, get_template
 from compiler.templates.conv2d_winograd import (
     ENTRY_GEMM,
     ENTRY_INPUT,
@@ -50,15 +49,11 @@ from compiler.templates.conv2d_winograd import (
 )
 from compiler.templates.ops import conv2d_nchw_reference
 from schemas import Config, DeviceLimits, MeasureOptions, Record, Workload
-from schemas.record import read_lines
 
 WINOGRAD = "conv2d_nchw_winograd.cuda"
 TEMPLATE = get_template(WINOGRAD)
 ENTRIES = (ENTRY_INPUT, ENTRY_GEMM, ENTRY_OUTPUT)
 OPTIONS = MeasureOptions(number=1, repeat=1, timeout_s=90)
-GPU_LIMITS = DeviceLimits(max_threads_per_block=1024, max_thread_x=1024, max_thread_y=1024,
-                          max_thread_z=64, max_shared_memory_per_block=48 * 1024,
-                          max_local_elements=64)
 
 
 def winograd_workload(n: int, c: int, h: int, w: int, co: int, k: int = 3, stride: int = 1,
@@ -95,13 +90,7 @@ def _workload(name: str) -> Workload:
 @lru_cache(maxsize=None)
 def draw_configs(name: str) -> tuple[Config, ...]:
     """Distinct valid configs (GPU limits) drawn with a seed fixed per layer."""
-    wl, count = _workload(name), CONFIGS[name]
-    rng = random.Random(zlib.crc32(f"{WINOGRAD}/{name}".encode()))
-    found: dict[int, Config] = {}
-    while len(found) < count:
-        config = TEMPLATE.random_config(wl, rng, GPU_LIMITS)
-        found.setdefault(config.index, config)
-    return tuple(found.values())
+    return draw_valid_configs(TEMPLATE, _workload(name), name, CONFIGS[name])
 
 
 # ---- transforms and workloads (no device) ----
@@ -223,30 +212,15 @@ LOGS = {"cuda_v0.10.log": 95, "rocm_v0.05.log": 30, "opencl_v0.04.log": 11}
 
 @lru_cache(maxsize=1)
 def tophub_records() -> tuple[tuple[str, int, Record], ...]:
-    out = []
-    for log in LOGS:
-        path = TOPHUB_DIR / log
-        if not path.exists():
-            pytest.skip(f"TopHub log not found at {path} (expected ../shared/data/tophub)")
-        with path.open() as f:
-            out += [(log, n, rec) for n, rec in read_lines(f)
-                    if not isinstance(rec, Exception) and rec.workload.template == WINOGRAD]
-    return tuple(out)
+    return read_tophub(WINOGRAD, LOGS)
 
 
 def test_every_tophub_record_maps_to_a_config_of_our_space() -> None:
     """All 136 records decode (two rocm entities carry an auto_unroll_max_step of 512 or
     1024, off AutoTVM's list: read as the candidate that gives the same kernel)."""
     records = tophub_records()
-    per_log = Counter(log for log, _, _ in records)
-    failures = []
-    for log, line_no, rec in records:
-        try:
-            TEMPLATE.decode(rec.workload, rec.config)
-        except (ConfigError, WorkloadError) as err:
-            failures.append(f"{log}:{line_no} {json.dumps(rec.workload.args_json())}: {err}")
-    print(f"\n{len(records) - len(failures)} of {len(records)} records map: {dict(per_log)}")
-    assert dict(per_log) == LOGS and len(records) >= 136
+    per_log, failures = tophub_decode_failures(TEMPLATE, records)
+    assert per_log == LOGS and len(records) >= 136
     assert not failures, f"{len(failures)} records do not map:\n" + "\n".join(failures)
 
 
@@ -265,8 +239,7 @@ def test_off_list_unroll_step_reads_as_the_same_kernel() -> None:
 
 
 def _index_matches(rec: Record) -> bool:
-    space = TEMPLATE.space(rec.workload)
-    return space.index_of(TEMPLATE.decode(rec.workload, rec.config)) == rec.config.index
+    return index_matches(TEMPLATE, rec)
 
 
 def test_record_index_agrees_with_our_enumeration() -> None:
@@ -315,12 +288,9 @@ def test_sample_of_tophub_records_is_correct_on_pocl(measure_pool: MeasurePool,
     sample = _tophub_sample(device.limits)
     assert len(sample) >= 4 and {TEMPLATE.parse(r.workload).m for _, _, r in sample} == {2, 4}
     options = MeasureOptions(number=1, repeat=1, timeout_s=120)
-    results = measure_pool.map([MeasureRequest(WINOGRAD, r.workload, r.config, options)
-                                for _, _, r in sample])
-    failed = [(req, res) for req, res in results if not res.ok]
-    where = [f"{log}:{n}" for (log, n, _), (_, res) in zip(sample, results) if not res.ok]
-    assert not failed, (f"{len(failed)} of {len(sample)} TopHub records ({where}) failed "
-                        f"on PoCL:\n{describe_failures(failed)}")
+    assert_measured_ok(measure_pool, [MeasureRequest(WINOGRAD, r.workload, r.config, options)
+                                      for _, _, r in sample],
+                       "TopHub records on PoCL", [f"{log}:{n}" for log, n, _ in sample])
 
 
 # ---- kernels on PoCL and nvcc ----
@@ -341,10 +311,8 @@ def test_sweep_meets_the_acceptance_bar() -> None:
 def test_random_configs_match_numpy(measure_pool: MeasurePool, name: str) -> None:
     wl = _workload(name)
     configs = draw_configs(name)
-    results = measure_pool.map([MeasureRequest(WINOGRAD, wl, c, OPTIONS) for c in configs])
-    failed = [(req, res) for req, res in results if not res.ok]
-    assert not failed, (f"{len(failed)} of {len(results)} configs on {name} failed:\n"
-                        f"{describe_failures(failed)}")
+    assert_measured_ok(measure_pool, [MeasureRequest(WINOGRAD, wl, c, OPTIONS) for c in configs],
+                       f"configs on {name}")
 
 
 @pytest.mark.slow
@@ -353,10 +321,7 @@ def test_fused_epilogues_match_numpy(measure_pool: MeasurePool) -> None:
     wl = _workload(EPILOGUE_LAYER)
     requests = [MeasureRequest(WINOGRAD, wl, c, OPTIONS, ep)
                 for c in draw_configs(EPILOGUE_LAYER)[:3] for ep in EPILOGUES]
-    results = measure_pool.map(requests)
-    failed = [(req, res) for req, res in results if not res.ok]
-    assert not failed, (f"{len(failed)} of {len(results)} fused trials failed:\n"
-                        f"{describe_failures(failed)}")
+    assert_measured_ok(measure_pool, requests, "fused trials")
 
 
 @pytest.mark.slow
@@ -364,44 +329,10 @@ def test_fused_epilogues_match_numpy(measure_pool: MeasurePool) -> None:
 def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
     """One .cu per workload with every config's kernel, each of the three entries renamed
     ``_i``; a failing file is recompiled kernel by kernel to name the configs at fault."""
-    cases: dict[str, list[tuple[Config, Epilogue]]] = {
-        name: [(c, Epilogue()) for c in draw_configs(name)] for name in CONFIGS}
-    cases[EPILOGUE_LAYER] += [(c, ep) for c in draw_configs(EPILOGUE_LAYER)[:3]
-                              for ep in EPILOGUES]
-    files = []
-    for name, trials in cases.items():
-        wl = _workload(name)
-        sources = []
-        for i, (config, ep) in enumerate(trials):
-            src = TEMPLATE.codegen(wl, config, dialect="cuda", epilogue=ep).source
-            for entry in ENTRIES:
-                assert src.count(entry) == 1
-                src = src.replace(entry, f"{entry}_{i}")
-            sources.append((config, ep, src))
-        path = tmp_path / f"{re.sub(r'[^a-z0-9]+', '_', name)}.cu"
-        path.write_text("\n".join(src for _, _, src in sources))
-        files.append((path, wl, sources))
-
-    with ThreadPoolExecutor(2) as ex:
-        done = list(ex.map(nvcc_ptx, [f[0] for f in files]))
-
-    problems = []
-    for (path, wl, sources), proc in zip(files, done):
-        if proc.returncode == 0:
-            ptx = path.with_suffix(".ptx").read_text()
-            found = set(re.findall(r"\.entry\s+(winograd_\w+_\d+)", ptx))
-            assert found == {f"{e}_{i}" for e in ENTRIES for i in range(len(sources))}, path.name
-            continue
-        before = len(problems)
-        for i, (config, ep, src) in enumerate(sources):
-            one = tmp_path / f"{path.stem}_{i}.cu"
-            one.write_text(src)
-            single = nvcc_ptx(one)
-            if single.returncode != 0:
-                problems.append(f"workload {json.dumps(wl.args_json())} epilogue {ep.ops} "
-                                f"config {json.dumps(config.to_json())}:\n"
-                                f"{single.stderr.strip()[:2000]}")
-        if len(problems) == before:
-            problems.append(f"{path.name} failed but every kernel compiles alone:\n"
-                            f"{proc.stderr.strip()[:2000]}")
+    cases = {name: [(_workload(name), c, Epilogue()) for c in draw_configs(name)]
+             for name in CONFIGS}
+    cases[EPILOGUE_LAYER] += [(_workload(EPILOGUE_LAYER), c, ep)
+                              for c in draw_configs(EPILOGUE_LAYER)[:3] for ep in EPILOGUES]
+    problems = nvcc_batches(tmp_path, {name: cuda_sources(TEMPLATE, trials, ENTRIES)
+                                       for name, trials in cases.items()}, ENTRIES)
     assert not problems, "nvcc " + " ".join(NVCC_ARGS) + " rejected:\n" + "\n".join(problems)

@@ -615,6 +615,19 @@ def epilogue_buffers(epilogue: Epilogue, out_shape: tuple[int, ...],
     return bufs
 
 
+def io_buffers(data_shape: tuple[int, ...], weight_shape: tuple[int, ...],
+               extra: list[Buffer], out_shape: tuple[int, ...], data_dtype: str = "float32",
+               weight_dtype: str = "float32", out_dtype: str = "float32") -> tuple[Buffer, ...]:
+    """A conv kernel's arguments: data, weight (as the kernel reads it), the epilogue's
+    ``extra`` buffers, then the output."""
+    return (
+        Buffer("data", data_shape, data_dtype),
+        Buffer("weight", weight_shape, weight_dtype),
+        *extra,
+        Buffer("out", out_shape, out_dtype, role="out"),
+    )
+
+
 def tensor_shape(arg: Any, what: str, ndim: int,
                  dtypes: tuple[str, ...] = ("float32",)) -> tuple[tuple[int, ...], str]:
     """Shape and dtype of an AutoTVM ``["TENSOR", shape, dtype]`` argument."""

@@ -21,6 +21,7 @@ from compiler.templates.base import (
     block_features,
     ceil_div,
     epilogue_buffers,
+    io_buffers,
     factors,
     inner_unrolled,
     log2,
@@ -128,13 +129,7 @@ class Conv2dNCHW(Template):
         body += indent(t.reduction(fetch, inner, unroll))
         value = epilogue.c_expr(f"acc[{t.acc_index}]", "bias[f]", "residual[o]")
         body += t.store(op, value, unroll)
-        buffers = (
-            Buffer("data", op.input_shapes[0]),
-            Buffer("weight", op.input_shapes[1]),
-            *extra,
-            Buffer("out", out_shape, role="out"),
-        )
-        return t.kernel(op, body, entry, buffers)
+        return t.kernel(op, body, entry, io_buffers(*op.input_shapes, extra, out_shape))
 
 
 def direct_space(op: Conv2dOp, channels: int) -> ConfigSpace:

@@ -26,25 +26,26 @@ import numpy as np
 from compiler.templates.base import (
     INT8_MAX,
     INT8_MIN,
-    Buffer,
     Epilogue,
     Kernel,
     Template,
     Usage,
     WorkloadError,
+    block_features,
     ceil_div,
     epilogue_buffers,
-    factors,
+    io_buffers,
+    inner_unrolled,
     log2,
     split_features,
     tensor_shape,
+    warp_efficiency,
 )
-from compiler.templates.emit import AUTO, VTHREAD, Unroll, indent, loop_nest, signature
+from compiler.templates.conv2d_nchw import SPATIAL, _Tiles, direct_default, direct_space
+from compiler.templates.emit import Unroll, indent, signature
 from compiler.templates.ops import Conv2dOp, conv2d_nchw_reference
-from compiler.templates.space import ConfigSpace, OtherKnob, SplitKnob
+from compiler.templates.space import ConfigSpace
 from schemas import Config, Workload
-
-SPATIAL = ("tile_f", "tile_y", "tile_x")
 # input channels per packed word: the 4 lanes of a dp4a
 LANES = 4
 
@@ -115,34 +116,12 @@ class Conv2dNCHWInt8(Template):
         return Conv2dInt8Op.from_args(workload.args)
 
     def _space(self, op: Conv2dInt8Op) -> ConfigSpace:
-        return ConfigSpace([
-            SplitKnob("tile_f", op.co, 4),
-            SplitKnob("tile_y", op.oh, 4),
-            SplitKnob("tile_x", op.ow, 4),
-            SplitKnob("tile_rc", op.chunks, 2),
-            SplitKnob("tile_ry", op.kh, 2),
-            SplitKnob("tile_rx", op.kw, 2),
-            OtherKnob("auto_unroll_max_step", (0, 512, 1500)),
-            OtherKnob("unroll_explicit", (0, 1)),
-        ])
+        return direct_space(op, op.chunks)
 
     def default_config(self, workload: Workload) -> Config:
         """The float schedule's fallback: a thread per output, 8x8 blocks, 8 input
         channels (2 packed words) per reduction step."""
-        op = self.parse(workload)
-        space = self.space(workload)
-        knobs = {k.name: k for k in space.knobs if isinstance(k, SplitKnob)}
-        values: dict[str, Any] = {
-            "tile_f": knobs["tile_f"].nearest((1, 8, 1)),
-            "tile_y": knobs["tile_y"].nearest((1, 8, 1)),
-            "tile_x": knobs["tile_x"].nearest((1, 8, 1)),
-            "tile_rc": knobs["tile_rc"].nearest((2,)),
-            "tile_ry": knobs["tile_ry"].nearest((op.kh,)),
-            "tile_rx": knobs["tile_rx"].nearest((op.kw,)),
-            "auto_unroll_max_step": 512,
-            "unroll_explicit": 0,
-        }
-        return space.to_config(values)
+        return direct_default(self.space(workload), self.parse(workload), 2)
 
     # ---- operands: int8 in, int32 (or requantized int8) out, checked exactly ----
 
@@ -181,16 +160,13 @@ class Conv2dNCHWInt8(Template):
     # ---- device limits and features ----
 
     def _usage(self, op: Conv2dInt8Op, knobs: dict[str, np.ndarray]) -> Usage:
-        t = _Tiles(op, knobs)
-        return Usage(threads=t.threads, threads_x=t.tx, threads_y=t.ty, threads_z=t.tf,
-                     shared_bytes=t.shared_bytes, local_elements=t.acc_size)
+        return _Tiles(op, knobs).usage()
 
     def _feature_columns(self, op: Conv2dInt8Op, knobs: dict[str, np.ndarray]
                          ) -> dict[str, Any]:
         t = _Tiles(op, knobs)
         feats: dict[str, Any] = split_features(knobs, *SPATIAL, "tile_rc", "tile_ry", "tile_rx")
-        max_step = knobs["auto_unroll_max_step"]
-        blocks = op.n * t.bf * t.by * t.bx
+        blocks = t.blocks(op)
         steps = t.rco * t.ryo * t.rxo
         # per (rc, ry, rx) outer step: words fetched into local memory by the block (a
         # data word is 4 byte loads from global memory, a weight word one int load),
@@ -200,26 +176,19 @@ class Conv2dNCHWInt8(Template):
         inner = t.rci * t.ryi * t.rxi
         inner_dp4a = inner * t.acc_size
         feats.update(
-            auto_unroll_max_step=max_step,
-            unroll_explicit=knobs["unroll_explicit"],
-            log_threads=log2(t.threads),
-            log_blocks=log2(blocks),
-            log_acc=log2(t.acc_size),
-            log_shared_bytes=log2(t.shared_bytes),
+            block_features(knobs, t.threads, blocks, t.acc_size, t.shared_bytes),
             log_reduction_steps=log2(steps),
             flops_per_global_load=op.flops / (blocks * global_loads * steps),
-            log_vthreads=log2(t.vf * t.vy * t.vx),
-            log_block_outputs=log2(t.block_f * t.block_y * t.block_x),
+            **t.block_shape_features(),
             log_inner_reduction=log2(inner),
             log_inner_dp4a=log2(inner_dp4a),
-            # the compute nest is unrolled when it fits auto_unroll_max_step (emit.Unroll)
-            inner_unrolled=(max_step > 0) & (inner_dp4a <= max_step),
+            inner_unrolled=inner_unrolled(knobs, inner_dp4a),
             # dp4a per distinct local-memory word a thread reads in a step
             register_reuse=t.acc_size / (t.vf * t.fi + t.vy * t.yi * t.vx * t.xi),
             flops_per_shared_byte=2 * LANES * t.threads * inner_dp4a / t.shared_bytes,
             log_fetch_per_thread=log2(ceil_div(fetched, t.threads)),
             log_data_loads_per_thread=log2(ceil_div(LANES * t.aa_size, t.threads)),
-            warp_efficiency=t.threads / (32 * ceil_div(t.threads, 32)),
+            warp_efficiency=warp_efficiency(t.threads),
         )
         return feats
 
@@ -230,39 +199,16 @@ class Conv2dNCHWInt8(Template):
         residual_dtype = _residual_dtype(epilogue)
         t = _Tiles(op, knobs)
         unroll = Unroll(knobs["auto_unroll_max_step"], bool(knobs["unroll_explicit"]))
-        sh, sw = op.stride
-        dh, dw = op.dilation
-        ah, aw = t.ah, t.aw
         plane = op.h * op.w
         out_shape = op.output_shape
         extra = epilogue_buffers(epilogue, out_shape, 1, bias_dtype="int32",
                                  residual_dtype=residual_dtype)
         dtypes = {"data": "int8", "weight": "int32", "out": out_dtype,
                   **{b.name: b.dtype for b in extra}}
-
-        acc_loops = [("vf", t.vf, VTHREAD), ("fi", t.fi, AUTO), ("vy", t.vy, VTHREAD),
-                     ("yi", t.yi, AUTO), ("vx", t.vx, VTHREAD), ("xi", t.xi, AUTO)]
-        acc_index = (f"((vf * {t.fi} + fi) * {t.vy * t.yi} + vy * {t.yi} + yi) * {t.vx * t.xi}"
-                     f" + vx * {t.xi} + xi")
-        local_f = f"((vf * {t.tf} + tz) * {t.fi} + fi)"
-        local_y = f"((vy * {t.ty} + ty) * {t.yi} + yi)"
-        local_x = f"((vx * {t.tx} + tx) * {t.xi} + xi)"
-
         entry = "conv2d_nchw_int8_kernel"
-        body = [
-            signature(entry, ["data", "weight", *[b.name for b in extra]], "out",
-                      dtypes) + " {",
-            f"  LOCAL int AA[{t.aa_size}];",
-            f"  LOCAL int WW[{t.ww_size}];",
-            f"  int acc[{t.acc_size}];",
-            "  const int tx = THREAD_X, ty = THREAD_Y, tz = THREAD_Z;",
-            f"  const int tid = (tz * {t.ty} + ty) * {t.tx} + tx;",
-            f"  const int n = BLOCK_Z / {t.bf};",
-            f"  const int f0 = (BLOCK_Z % {t.bf}) * {t.block_f};",
-            f"  const int y0 = BLOCK_Y * {t.block_y};",
-            f"  const int x0 = BLOCK_X * {t.block_x};",
-        ]
-        body += indent(loop_nest(acc_loops, [f"acc[{acc_index}] = 0;"], unroll))
+        body = t.prologue(signature(entry, ["data", "weight", *[b.name for b in extra]], "out",
+                                    dtypes), "int")
+        body += t.zero_acc("0", unroll)
         # A data word packs input channels 4c .. 4c+3 at one (ih, iw): 4 byte loads a
         # plane apart, bytes 0..3 little-endian as the weight words are packed.
         lanes = " | ".join(
@@ -270,10 +216,7 @@ class Conv2dNCHWInt8(Template):
             "(unsigned int)(p[0] & 0xff)" for j in range(LANES))
         fetch = [
             "BARRIER();",
-            f"for (int i = tid; i < {t.aa_size}; i += {t.threads}) {{",
-            f"  const int c = i / {ah * aw}, r = (i / {aw}) % {ah}, s = i % {aw};",
-            f"  const int ih = y0 * {sh} + ryo * {t.ryi * dh} - {op.pad[0]} + r;",
-            f"  const int iw = x0 * {sw} + rxo * {t.rxi * dw} - {op.pad[1]} + s;",
+            *t.window_fetch(op, *t.window_steps(op)),
             "  int word = 0;",
             f"  if (ih >= 0 && ih < {op.h} && iw >= 0 && iw < {op.w}) {{",
             f"    GLOBAL const INT8_T* p = data + ((n * {op.c} + (rco * {t.rci} + c) * {LANES})"
@@ -282,50 +225,19 @@ class Conv2dNCHWInt8(Template):
             "  }",
             "  AA[i] = word;",
             "}",
-            f"for (int i = tid; i < {t.ww_size}; i += {t.threads}) {{",
-            f"  const int lf = i / {t.rci * t.ryi * t.rxi}, c = (i / {t.ryi * t.rxi}) % {t.rci};",
-            f"  const int ky = (i / {t.rxi}) % {t.ryi}, kx = i % {t.rxi};",
-            f"  WW[i] = weight[(((f0 + lf) * {op.chunks} + rco * {t.rci} + c) * {op.kh}"
-            f" + ryo * {t.ryi} + ky) * {op.kw} + rxo * {t.rxi} + kx];",
-            "}",
+            *t.weight_fetch(op, op.chunks),
             "BARRIER();",
         ]
         inner = [
-            f"acc[{acc_index}] = DP4A(AA[(rci * {ah} + {local_y} * {sh} + ryi * {dh}) * {aw}"
-            f" + {local_x} * {sw} + rxi * {dw}],"
-            f" WW[(({local_f} * {t.rci} + rci) * {t.ryi} + ryi) * {t.rxi} + rxi],"
-            f" acc[{acc_index}]);"
+            f"acc[{t.acc_index}] = DP4A(AA[{t.window_index(op, 'rci', 'ryi', 'rxi')}],"
+            f" WW[{t.weight_index()}], acc[{t.acc_index}]);"
         ]
-        compute = loop_nest([("rci", t.rci, AUTO), ("ryi", t.ryi, AUTO), ("rxi", t.rxi, AUTO),
-                             *acc_loops],
-                            inner, unroll)
-        reduction = loop_nest([("rco", t.rco, AUTO), ("ryo", t.ryo, AUTO), ("rxo", t.rxo, AUTO)],
-                              fetch + compute, Unroll())
-        body += indent(reduction)
-        value = epilogue.int_c_expr(f"acc[{acc_index}]", "bias[f]", "residual[o]")
-        store = [
-            f"const int f = f0 + {local_f};",
-            f"const int o = ((n * {op.co} + f) * {op.oh} + y0 + {local_y}) * {op.ow}"
-            f" + x0 + {local_x};",
-            f"out[o] = {epilogue.int_store(value, out_dtype)};",
-        ]
-        body += indent(loop_nest(acc_loops, store, unroll))
-        body.append("}")
-        buffers = (
-            Buffer("data", op.input_shapes[0], "int8"),
-            Buffer("weight", (op.co, op.chunks, op.kh, op.kw), "int32"),
-            *extra,
-            Buffer("out", out_shape, out_dtype, role="out"),
-        )
-        return Kernel(
-            source="\n".join(body) + "\n",
-            entry=entry,
-            grid=(t.bx, t.by, op.n * t.bf),
-            block=(t.tx, t.ty, t.tf),
-            buffers=buffers,
-            dialect="",
-            meta={"shared_bytes": t.shared_bytes, "threads": t.threads},
-        )
+        body += indent(t.reduction(fetch, inner, unroll))
+        value = epilogue.int_c_expr(f"acc[{t.acc_index}]", "bias[f]", "residual[o]")
+        body += t.store(op, epilogue.int_store(value, out_dtype), unroll)
+        buffers = io_buffers(op.input_shapes[0], (op.co, op.chunks, op.kh, op.kw), extra,
+                             out_shape, "int8", "int32", out_dtype)
+        return t.kernel(op, body, entry, buffers)
 
 
 def _out_dtype(epilogue: Epilogue) -> str:
@@ -342,31 +254,6 @@ def _residual_dtype(epilogue: Epilogue) -> str:
         raise WorkloadError(f"epilogue residual_dtype {dtype!r}: conv2d_nchw_int8 adds an "
                             "int8 or int32 residual")
     return dtype
-
-
-class _Tiles:
-    """Tile extents a config implies, as conv2d_nchw's, with the channel reduction in
-    packed words (``rco`` x ``rci`` = C/4): ints for one config's knobs (codegen),
-    arrays [n] for ``ConfigSpace.columns`` (features, limits)."""
-
-    def __init__(self, op: Conv2dInt8Op, k: dict[str, Any]) -> None:
-        self.bf, self.vf, self.tf, self.fi = factors(k["tile_f"])
-        self.by, self.vy, self.ty, self.yi = factors(k["tile_y"])
-        self.bx, self.vx, self.tx, self.xi = factors(k["tile_x"])
-        self.rco, self.rci = factors(k["tile_rc"])
-        self.ryo, self.ryi = factors(k["tile_ry"])
-        self.rxo, self.rxi = factors(k["tile_rx"])
-        self.block_f = self.vf * self.tf * self.fi
-        self.block_y = self.vy * self.ty * self.yi
-        self.block_x = self.vx * self.tx * self.xi
-        self.threads = self.tf * self.ty * self.tx
-        self.acc_size = self.vf * self.fi * self.vy * self.yi * self.vx * self.xi
-        self.ah = (self.block_y - 1) * op.stride[0] + (self.ryi - 1) * op.dilation[0] + 1
-        self.aw = (self.block_x - 1) * op.stride[1] + (self.rxi - 1) * op.dilation[1] + 1
-        # int words in local memory: packed data window, packed weight slice
-        self.aa_size = self.rci * self.ah * self.aw
-        self.ww_size = self.block_f * self.rci * self.ryi * self.rxi
-        self.shared_bytes = 4 * (self.aa_size + self.ww_size)
 
 
 TEMPLATE = Conv2dNCHWInt8()

@@ -40,15 +40,21 @@ from compiler.templates.base import (
     Template,
     Usage,
     WorkloadError,
+    block_features,
     ceil_div,
     epilogue_buffers,
+    io_buffers,
     factors,
+    inner_unrolled,
     log2,
     split_features,
+    split_knobs,
+    unroll_knobs,
+    warp_efficiency,
 )
 from compiler.templates.emit import AUTO, VTHREAD, Unroll, indent, loop_nest, signature
 from compiler.templates.ops import Conv2dOp
-from compiler.templates.space import ConfigError, ConfigSpace, OtherKnob, SplitKnob
+from compiler.templates.space import ConfigError, ConfigSpace, SplitKnob
 from schemas import Config, Workload
 
 KERNEL_SIZE = 3
@@ -236,8 +242,7 @@ class Conv2dWinograd(Template):
             SplitKnob("tile_y", op.co, 4),
             SplitKnob("tile_x", op.tiles, 4),
             SplitKnob("tile_rc", op.c, 2),
-            OtherKnob("auto_unroll_max_step", (0, 128, 1500)),
-            OtherKnob("unroll_explicit", (0, 1)),
+            *unroll_knobs((0, 128, 1500)),
         ])
 
     def decode(self, workload: Workload, config: Config) -> dict[str, Any]:
@@ -281,7 +286,7 @@ class Conv2dWinograd(Template):
         """No fallback is tuned in AutoTVM for this template: 16x16 threads with 2x2
         register tiles (nearest exact splits), 8 channels per local-memory step."""
         space = self.space(workload)
-        knobs = {k.name: k for k in space.knobs if isinstance(k, SplitKnob)}
+        knobs = split_knobs(space)
         values: dict[str, Any] = {
             "tile_b": knobs["tile_b"].values[0],
             "tile_y": knobs["tile_y"].nearest((1, 16, 2)),
@@ -302,17 +307,11 @@ class Conv2dWinograd(Template):
     def _feature_columns(self, op: WinogradOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
         t = _Tiles(op, knobs)
         feats: dict[str, Any] = split_features(knobs, "tile_b", "tile_y", "tile_x", "tile_rc")
-        max_step = knobs["auto_unroll_max_step"]
         blocks = t.bz * t.by * t.bx
         fetched = t.aa_size + t.bb_size
         inner_fmas = t.rci * t.acc_size
         feats.update(
-            auto_unroll_max_step=max_step,
-            unroll_explicit=knobs["unroll_explicit"],
-            log_threads=log2(t.threads),
-            log_blocks=log2(blocks),
-            log_acc=log2(t.acc_size),
-            log_shared_bytes=log2(t.shared_bytes),
+            block_features(knobs, t.threads, blocks, t.acc_size, t.shared_bytes),
             log_reduction_steps=log2(t.rco),
             # the GEMM's multiply-adds per element fetched into local memory
             flops_per_shared_load=op.gemm_flops / (blocks * fetched * t.rco),
@@ -320,11 +319,11 @@ class Conv2dWinograd(Template):
             log_block_outputs=log2(t.block_y * t.block_x),
             log_inner_reduction=log2(t.rci),
             log_inner_fmas=log2(inner_fmas),
-            inner_unrolled=(max_step > 0) & (inner_fmas <= max_step),
+            inner_unrolled=inner_unrolled(knobs, inner_fmas),
             register_reuse=t.acc_size / (t.vy * t.yi + t.vx * t.xi),
             flops_per_shared_byte=2 * t.threads * inner_fmas / t.shared_bytes,
             log_fetch_per_thread=log2(ceil_div(fetched, t.threads)),
-            warp_efficiency=t.threads / (32 * ceil_div(t.threads, 32)),
+            warp_efficiency=warp_efficiency(t.threads),
             # the share of the work left to the untuned transforms, and the GEMM's
             # multiply-adds per direct-convolution one (the Winograd saving)
             log_gemm_flops=log2(op.gemm_flops),
@@ -335,12 +334,7 @@ class Conv2dWinograd(Template):
     def _codegen(self, op: WinogradOp, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel:
         t = _Tiles(op, knobs)
         extra = epilogue_buffers(epilogue, op.output_shape, 1)
-        buffers = (
-            Buffer("data", op.input_shapes[0]),
-            Buffer("weight", op.packed_shape),
-            *extra,
-            Buffer("out", op.output_shape, role="out"),
-        )
+        buffers = io_buffers(op.input_shapes[0], op.packed_shape, extra, op.output_shape)
         alpha2 = op.alpha * op.alpha
         scratch = (Buffer("V", (alpha2, op.c, op.tiles), role="scratch"),
                    Buffer("M", (alpha2, op.co, op.tiles), role="scratch"))

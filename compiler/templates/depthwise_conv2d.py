@@ -17,37 +17,33 @@ from typing import Any
 import numpy as np
 
 from compiler.templates.base import (
-    Buffer,
     Epilogue,
     Kernel,
     Template,
     Usage,
     WorkloadError,
+    block_features,
     ceil_div,
     epilogue_buffers,
-    factors,
-    int_pair,
+    io_buffers,
+    inner_unrolled,
     log2,
     split_features,
-    tensor_shape,
+    split_knobs,
+    unroll_knobs,
+    warp_efficiency,
 )
-from compiler.templates.emit import AUTO, VTHREAD, Unroll, indent, loop_nest, signature
-from compiler.templates.ops import conv2d_nchw_reference
-from compiler.templates.space import (
-    ConfigError,
-    ConfigSpace,
-    OtherKnob,
-    SplitKnob,
-    divisors,
-)
+from compiler.templates.conv2d_nchw import SPATIAL, SpatialTiles, spatial_knobs
+from compiler.templates.emit import AUTO, Unroll, indent, loop_nest, signature
+from compiler.templates.ops import ConvWindow, conv2d_nchw_reference, conv_args
+from compiler.templates.space import ConfigError, ConfigSpace, divisors
 from schemas import Config, Workload
 
-SPATIAL = ("tile_f", "tile_y", "tile_x")
 ENTRY = "depthwise_conv2d_nchw_kernel"
 
 
 @dataclass(frozen=True)
-class DepthwiseConv2dOp:
+class DepthwiseConv2dOp(ConvWindow):
     """depthwise conv2d, NCHW data and [C, M, kh, kw] weight (AutoTVM's args: data, kernel,
     strides, padding, dilation, out_dtype); output [N, C * M, OH, OW]."""
 
@@ -64,21 +60,8 @@ class DepthwiseConv2dOp:
 
     @classmethod
     def from_args(cls, args: tuple[Any, ...] | list[Any]) -> DepthwiseConv2dOp:
-        if len(args) != 6:
-            raise WorkloadError(
-                "depthwise_conv2d args: expected [data, kernel, strides, padding, dilation, "
-                f"out_dtype], got {len(args)} items"
-            )
-        (n, c, h, w), _ = tensor_shape(args[0], "args[0] (data)", 4)
-        (kc, m, kh, kw), _ = tensor_shape(args[1], "args[1] (kernel)", 4)
-        stride = int_pair(args[2], "args[2] (strides)")
-        pad_arg = args[3]
-        if isinstance(pad_arg, (list, tuple)) and len(pad_arg) == 2:
-            pad_arg = [pad_arg[0], pad_arg[1], pad_arg[0], pad_arg[1]]
-        pad = int_pair(pad_arg, "args[3] (padding)", length=4, minimum=0)
-        dilation = int_pair(args[4], "args[4] (dilation)")
-        if args[5] != "float32":
-            raise WorkloadError(f"args[5] (out_dtype): {args[5]!r} is not supported (float32 only)")
+        (n, c, h, w), (kc, m, kh, kw), stride, pad, dilation = conv_args(args,
+                                                                        "depthwise_conv2d")
         if kc != c:
             raise WorkloadError(
                 f"args[1] (kernel): {kc} channels, data has {c}; a depthwise kernel is "
@@ -96,16 +79,6 @@ class DepthwiseConv2dOp:
     @property
     def co(self) -> int:
         return self.c * self.multiplier
-
-    @property
-    def oh(self) -> int:
-        span = (self.kh - 1) * self.dilation[0] + 1
-        return (self.h + self.pad[0] + self.pad[2] - span) // self.stride[0] + 1
-
-    @property
-    def ow(self) -> int:
-        span = (self.kw - 1) * self.dilation[1] + 1
-        return (self.w + self.pad[1] + self.pad[3] - span) // self.stride[1] + 1
 
     @property
     def input_shapes(self) -> list[tuple[int, ...]]:
@@ -135,13 +108,7 @@ class DepthwiseConv2dNCHW(Template):
     def _space(self, op: DepthwiseConv2dOp) -> ConfigSpace:
         # Newer AutoTVM defines unroll_explicit as [1] only for nvptx / rocm targets;
         # TopHub's records (its rocm ones too, tuned before that rule) and ours use [0, 1].
-        return ConfigSpace([
-            SplitKnob("tile_f", op.co, 4),
-            SplitKnob("tile_y", op.oh, 4),
-            SplitKnob("tile_x", op.ow, 4),
-            OtherKnob("auto_unroll_max_step", (0, 256, 1500)),
-            OtherKnob("unroll_explicit", (0, 1)),
-        ])
+        return ConfigSpace([*spatial_knobs(op), *unroll_knobs((0, 256, 1500))])
 
     def decode(self, workload: Workload, config: Config) -> dict[str, Any]:
         """Knob values of ``config``. AutoTVM applies a split by its inner factors only
@@ -166,7 +133,7 @@ class DepthwiseConv2dNCHW(Template):
         along y and x, the largest divisor of the output extent up to 8 threads."""
         op = self.parse(workload)
         space = self.space(workload)
-        knobs = {k.name: k for k in space.knobs if isinstance(k, SplitKnob)}
+        knobs = split_knobs(space)
 
         def threads(extent: int) -> tuple[int, int, int]:
             return (1, max(d for d in divisors(extent) if d <= 8), 1)
@@ -182,33 +149,23 @@ class DepthwiseConv2dNCHW(Template):
         return space.to_config(values)
 
     def _usage(self, op: DepthwiseConv2dOp, knobs: dict[str, np.ndarray]) -> Usage:
-        t = _Tiles(op, knobs)
-        return Usage(threads=t.threads, threads_x=t.tx, threads_y=t.ty, threads_z=t.tf,
-                     shared_bytes=t.shared_bytes, local_elements=t.acc_size)
+        return _Tiles(op, knobs).usage()
 
     def _feature_columns(self, op: DepthwiseConv2dOp,
                          knobs: dict[str, np.ndarray]) -> dict[str, Any]:
         t = _Tiles(op, knobs)
         feats: dict[str, Any] = split_features(knobs, *SPATIAL)
-        max_step = knobs["auto_unroll_max_step"]
-        blocks = op.n * t.bf * t.by * t.bx
+        blocks = t.blocks(op)
         taps = op.kh * op.kw
         fetched = t.aa_size + t.ww_size
         inner_fmas = taps * t.acc_size
         feats.update(
-            auto_unroll_max_step=max_step,
-            unroll_explicit=knobs["unroll_explicit"],
-            log_threads=log2(t.threads),
-            log_blocks=log2(blocks),
-            log_acc=log2(t.acc_size),
-            log_shared_bytes=log2(t.shared_bytes),
+            block_features(knobs, t.threads, blocks, t.acc_size, t.shared_bytes),
             # every fetched element is one global load, once per block
             flops_per_shared_load=op.flops / (blocks * fetched),
-            log_vthreads=log2(t.vf * t.vy * t.vx),
-            log_block_outputs=log2(t.block_f * t.block_y * t.block_x),
+            **t.block_shape_features(),
             log_inner_fmas=log2(inner_fmas),
-            # the compute nest is unrolled when it fits auto_unroll_max_step (emit.Unroll)
-            inner_unrolled=(max_step > 0) & (inner_fmas <= max_step),
+            inner_unrolled=inner_unrolled(knobs, inner_fmas),
             # input elements fetched per output pixel of a channel (the window's halo)
             halo_overhead=t.ah * t.aw / (t.block_y * t.block_x),
             # multiply-adds per local-memory value a thread reads in one tap (each output
@@ -216,7 +173,7 @@ class DepthwiseConv2dNCHW(Template):
             register_reuse=t.acc_size / (t.vf * t.fi + t.acc_size),
             flops_per_shared_byte=2 * t.threads * inner_fmas / t.shared_bytes,
             log_fetch_per_thread=log2(ceil_div(fetched, t.threads)),
-            warp_efficiency=t.threads / (32 * ceil_div(t.threads, 32)),
+            warp_efficiency=warp_efficiency(t.threads),
         )
         return feats
 
@@ -224,48 +181,21 @@ class DepthwiseConv2dNCHW(Template):
                  epilogue: Epilogue) -> Kernel:
         t = _Tiles(op, knobs)
         unroll = Unroll(knobs["auto_unroll_max_step"], bool(knobs["unroll_explicit"]))
-        sh, sw = op.stride
-        dh, dw = op.dilation
         m = op.multiplier
-        ah, aw = t.ah, t.aw
-        aa_size = int(t.aa_size)
         out_shape = op.output_shape
         extra = epilogue_buffers(epilogue, out_shape, 1)
-
-        acc_loops = [("vf", t.vf, VTHREAD), ("fi", t.fi, AUTO), ("vy", t.vy, VTHREAD),
-                     ("yi", t.yi, AUTO), ("vx", t.vx, VTHREAD), ("xi", t.xi, AUTO)]
-        acc_index = (f"((vf * {t.fi} + fi) * {t.vy * t.yi} + vy * {t.yi} + yi) * {t.vx * t.xi}"
-                     f" + vx * {t.xi} + xi")
-        local_f = f"((vf * {t.tf} + tz) * {t.fi} + fi)"
-        local_y = f"((vy * {t.ty} + ty) * {t.yi} + yi)"
-        local_x = f"((vx * {t.tx} + tx) * {t.xi} + xi)"
         # the block's output channel f0 + lf reads input channel (f0 + lf) / M, which is
         # AA's channel (f0 + lf) / M - f0 / M
-        local_c = local_f if m == 1 else f"((f0 + {local_f}) / {m} - c0)"
-
-        body = [
-            signature(ENTRY, ["data", "weight", *[b.name for b in extra]], "out") + " {",
-            f"  LOCAL float AA[{aa_size}];",
-            f"  LOCAL float WW[{t.ww_size}];",
-            f"  float acc[{t.acc_size}];",
-            "  const int tx = THREAD_X, ty = THREAD_Y, tz = THREAD_Z;",
-            f"  const int tid = (tz * {t.ty} + ty) * {t.tx} + tx;",
-            f"  const int n = BLOCK_Z / {t.bf};",
-            f"  const int f0 = (BLOCK_Z % {t.bf}) * {t.block_f};",
-            f"  const int c0 = f0 / {m};",
-            f"  const int y0 = BLOCK_Y * {t.block_y};",
-            f"  const int x0 = BLOCK_X * {t.block_x};",
-        ]
+        local_c = t.local_f if m == 1 else f"((f0 + {t.local_f}) / {m} - c0)"
+        body = t.prologue(signature(ENTRY, ["data", "weight", *[b.name for b in extra]], "out"),
+                          "float", f"  const int c0 = f0 / {m};")
         # Channels past C can be in the window only when a block's output channels may
         # straddle an input channel boundary unevenly (M > 1): they read as zero, unused.
         in_range = [f"ih >= 0 && ih < {op.h} && iw >= 0 && iw < {op.w}"]
         if m > 1:
             in_range.insert(0, f"c0 + c < {op.c}")
         fetch = [
-            f"for (int i = tid; i < {aa_size}; i += {t.threads}) {{",
-            f"  const int c = i / {ah * aw}, r = (i / {aw}) % {ah}, s = i % {aw};",
-            f"  const int ih = y0 * {sh} - {op.pad[0]} + r;",
-            f"  const int iw = x0 * {sw} - {op.pad[1]} + s;",
+            *t.window_fetch(op),
             f"  AA[i] = ({' && '.join(in_range)})",
             f"      ? data[((n * {op.c} + c0 + c) * {op.h} + ih) * {op.w} + iw] : 0.0f;",
             "}",
@@ -277,53 +207,24 @@ class DepthwiseConv2dNCHW(Template):
             "BARRIER();",
         ]
         body += indent(fetch)
-        body += indent(loop_nest(acc_loops, [f"acc[{acc_index}] = 0.0f;"], unroll))
+        body += t.zero_acc("0.0f", unroll)
         inner = [
-            f"acc[{acc_index}] += AA[({local_c} * {ah} + {local_y} * {sh} + ky * {dh}) * {aw}"
-            f" + {local_x} * {sw} + kx * {dw}]"
-            f" * WW[({local_f} * {op.kh} + ky) * {op.kw} + kx];"
+            f"acc[{t.acc_index}] += AA[{t.window_index(op, local_c, 'ky', 'kx')}]"
+            f" * WW[({t.local_f} * {op.kh} + ky) * {op.kw} + kx];"
         ]
-        body += indent(loop_nest([("ky", op.kh, AUTO), ("kx", op.kw, AUTO), *acc_loops],
+        body += indent(loop_nest([("ky", op.kh, AUTO), ("kx", op.kw, AUTO), *t.acc_loops()],
                                  inner, unroll))
-        value = epilogue.c_expr(f"acc[{acc_index}]", "bias[f]", "residual[o]")
-        store = [
-            f"const int f = f0 + {local_f};",
-            f"const int o = ((n * {op.co} + f) * {op.oh} + y0 + {local_y}) * {op.ow}"
-            f" + x0 + {local_x};",
-            f"out[o] = {value};",
-        ]
-        body += indent(loop_nest(acc_loops, store, unroll))
-        body.append("}")
-        buffers = (
-            Buffer("data", op.input_shapes[0]),
-            Buffer("weight", op.input_shapes[1]),
-            *extra,
-            Buffer("out", out_shape, role="out"),
-        )
-        return Kernel(
-            source="\n".join(body) + "\n",
-            entry=ENTRY,
-            grid=(t.bx, t.by, op.n * t.bf),
-            block=(t.tx, t.ty, t.tf),
-            buffers=buffers,
-            dialect="",
-            meta={"shared_bytes": int(t.shared_bytes), "threads": t.threads},
-        )
+        value = epilogue.c_expr(f"acc[{t.acc_index}]", "bias[f]", "residual[o]")
+        body += t.store(op, value, unroll)
+        return t.kernel(op, body, ENTRY, io_buffers(*op.input_shapes, extra, out_shape))
 
 
-class _Tiles:
-    """Tile extents a config implies, named as the schedule binds them: ints for one
-    config's knobs (codegen), arrays [n] for ``ConfigSpace.columns`` (features, limits)."""
+class _Tiles(SpatialTiles):
+    """The output tile; the block fetches, once, the input window of the ``ac`` input
+    channels its output channels read (every tap) and their filters."""
 
     def __init__(self, op: DepthwiseConv2dOp, k: dict[str, Any]) -> None:
-        self.bf, self.vf, self.tf, self.fi = factors(k["tile_f"])
-        self.by, self.vy, self.ty, self.yi = factors(k["tile_y"])
-        self.bx, self.vx, self.tx, self.xi = factors(k["tile_x"])
-        self.block_f = self.vf * self.tf * self.fi
-        self.block_y = self.vy * self.ty * self.yi
-        self.block_x = self.vx * self.tx * self.xi
-        self.threads = self.tf * self.ty * self.tx
-        self.acc_size = self.vf * self.fi * self.vy * self.yi * self.vx * self.xi
+        super().__init__(k)
         self.ac = channels_spanned(self.block_f, op.multiplier, op.c)
         self.ah = (self.block_y - 1) * op.stride[0] + (op.kh - 1) * op.dilation[0] + 1
         self.aw = (self.block_x - 1) * op.stride[1] + (op.kw - 1) * op.dilation[1] + 1
