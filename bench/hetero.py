@@ -1,7 +1,7 @@
 """Automatic placement across the OpenCL device and the host (numpy), one run.
 
 A VGG-style small net: two 3x3 conv+relu blocks with max-pooling on a 1x3x64x64 image,
-then a classifier of three dense layers (8192 -> 2048 -> 2048 -> 1000) and softmax.
+then a classifier of three dense layers (16384 -> 2048 -> 2048 -> 1000) and softmax.
 Convolutions favour the OpenCL templates; large dense layers at batch 1 are
 memory-bound GEMVs that numpy's BLAS also runs well, so a split can win. ``auto_place``
 times every op on each device and the copies, picks the placement with the lowest
@@ -43,7 +43,7 @@ def vgg_small(seed: int = 0) -> Graph:
         x = b.call("nn.relu", [b.call("nn.bias_add", [x, b.const(np.zeros(co, np.float32))])])
         x = b.call("nn.max_pool2d", [x], f"pool{i}", pool_size=(2, 2), strides=(2, 2))
     x = b.call("nn.batch_flatten", [x])
-    for i, (k, n) in enumerate(((8192, 2048), (2048, 2048), (2048, 1000))):
+    for i, (k, n) in enumerate(((16384, 2048), (2048, 2048), (2048, 1000))):
         x = b.call("nn.dense", [x, const(n, k)], f"fc{i}")
         if i < 2:
             x = b.call("nn.relu", [x])
