@@ -110,7 +110,15 @@ def _split_prelude(text: str) -> tuple[list[str], list[str]]:
     """(the dialect prelude: up to the #endif of its TUNER_PRELUDE guard; the kernel)."""
     lines = text.splitlines()
     assert "#ifndef TUNER_PRELUDE" in lines
-    end = lines.index("#endif", lines.index("#ifndef TUNER_PRELUDE")) + 1
+    depth, end = 0, None
+    for i in range(lines.index("#ifndef TUNER_PRELUDE"), len(lines)):
+        word = lines[i].split()[0] if lines[i].strip() else ""
+        depth += word in ("#if", "#ifdef", "#ifndef")
+        depth -= word == "#endif"
+        if depth == 0:  # the guard's own #endif (the prelude nests #if blocks inside)
+            end = i + 1
+            break
+    assert end is not None, "the prelude guard is never closed"
     return lines[:end], [line for line in lines[end:] if line.strip()]
 
 
