@@ -12,9 +12,19 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python >= 3.11)"; exit 1; }
 	@# Debian's PoCL (LLVM 15) runs our kernels ~10x faster than pip's PoCL 3.0-rc2;
 	@# install it where we can (root + apt), else rely on pocl-binary-distribution.
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! [ -e /etc/OpenCL/vendors/pocl.icd ]; then \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pocl-opencl-icd >/dev/null) \
-		|| echo "note: apt-get could not install pocl-opencl-icd; using pip's PoCL"; \
+	@# Debian's Chromium runs the dashboard's browser tests (Playwright drives it; no
+	@# browser download): without it those tests skip, saying so.
+	@pkgs=""; \
+	[ -e /etc/OpenCL/vendors/pocl.icd ] || pkgs="$$pkgs pocl-opencl-icd"; \
+	command -v chromium >/dev/null || pkgs="$$pkgs chromium"; \
+	if [ -n "$$pkgs" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq || true; \
+		for pkg in $$pkgs; do \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkg >/dev/null \
+			|| echo "note: apt-get could not install $$pkg (pocl-opencl-icd: pip's PoCL is used; chromium: the browser tests skip)"; \
+		done; \
+	elif ! command -v chromium >/dev/null; then \
+		echo "note: no chromium: the dashboard's browser tests will skip (install it, or set TUNER_CHROMIUM)"; \
 	fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip

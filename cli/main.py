@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import db, demo, devices, measure, models, records, serve, templates, tune, worker
+from cli import db, demo, devices, fleet, measure, models, records, serve, templates, tune, worker
 
 app = typer.Typer(
     name="tuner",
@@ -20,6 +20,10 @@ app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 app.command("tune")(tune.tune)
 app.command("worker")(worker.worker)
+app.command("jobs")(fleet.jobs)
+app.command("job")(fleet.job)
+app.command("workers")(fleet.workers)
+app.command("cancel")(fleet.cancel)
 app.command("tasks")(models.tasks)
 app.command("compile")(models.compile_model)
 app.command("run")(models.run_model)

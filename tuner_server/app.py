@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
 from sqlalchemy import func, select
 
 from tuner_server.api import jobs, records, workers
@@ -18,6 +20,11 @@ from tuner_server.services.dispatch import workers_alive
 from tuner_server.services.metrics import Metrics
 from tuner_server.services.scheduler import PassStats, Scheduler
 from tuner_server.settings import Settings
+
+# The dashboard's static files ship inside the package (pyproject's package-data).
+DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
+# Revalidate each time (cheap: an ETag): a server upgrade must not leave an old app.js.
+NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -60,6 +67,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # One readable sentence per problem, naming the field, instead of a bare 422 dump.
         problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
         return JSONResponse({"detail": "; ".join(problems)}, status_code=422)
+
+    # The dashboard: the page and its assets carry no data, so they need no token; the
+    # API calls it makes do.
+    app.mount("/static", StaticFiles(directory=DASHBOARD_DIR), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def dashboard() -> FileResponse:
+        return FileResponse(DASHBOARD_DIR / "index.html", headers=NO_CACHE)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:

@@ -61,7 +61,7 @@ class WorkerAgent:
     def register(self) -> int:
         info = self._measurer.start()
         body = {"name": self._name, "target": str(info.target),
-                "limits": info.limits.model_dump()}
+                "limits": info.limits.model_dump(), "device": info.name[:255] or None}
         self.worker_id = int(self._post("/api/v1/workers", body)["id"])
         log.info("registered as worker %s for %s (%s)", self.worker_id, info.target, info.name)
         return self.worker_id

@@ -1,7 +1,8 @@
-"""Jobs routes: submit, list, follow, cancel."""
+"""Jobs routes: submit, list, follow (a task's trials, incrementally), cancel."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
@@ -30,6 +31,21 @@ class JobCreated(BaseModel):
     id: int
 
 
+class TrialPoint(BaseModel):
+    trial: int = Field(description="1-based, in the order results were stored")
+    id: int = Field(description="the trial's id (what `after` takes)")
+    gflops: float | None = Field(description="null when the trial failed")
+    error_no: int = Field(description="AutoTVM's MeasureErrorNo; 0 is success")
+    cost: float | None = Field(description="mean seconds; null when the trial failed")
+
+
+class TrialPage(BaseModel):
+    task_id: int
+    status: str
+    trials_done: int
+    items: list[TrialPoint]
+
+
 @router.post("", response_model=JobCreated, status_code=201)
 def submit(body: JobRequest, session: Session = Depends(get_session),
            _role: str = Depends(require("client"))) -> JobCreated:
@@ -53,12 +69,31 @@ def list_jobs(limit: int = Query(100, ge=1, le=1000),
 
 
 @router.get("/{job_id}")
-def get_job(job_id: PathId, session: Session = Depends(get_session),
+def get_job(job_id: PathId,
+            curves: bool = Query(True, description="each task's tuning curve (improvements)"),
+            session: Session = Depends(get_session),
             _role: str = Depends(require("client"))) -> dict[str, Any]:
-    job = svc.describe(session, job_id)
+    job = svc.describe(session, job_id, with_curves=curves)
     if job is None:
         raise HTTPException(404, f"job {job_id} not found")
     return job
+
+
+@router.get("/{job_id}/tasks/{task_id}/trials", response_model=TrialPage)
+def task_trials(job_id: PathId, task_id: PathId,
+                after: int | None = Query(None, ge=1, le=MAX_ID,
+                                          description="only trials stored after this one"),
+                limit: int = Query(svc.MAX_TRIAL_PAGE, ge=1, le=svc.MAX_TRIAL_PAGE),
+                session: Session = Depends(get_session),
+                _role: str = Depends(require("client"))) -> TrialPage:
+    try:
+        page = svc.task_trials(session, job_id, task_id, after, limit)
+    except svc.JobError as err:
+        raise HTTPException(422, str(err)) from None
+    if page is None:
+        raise HTTPException(404, f"job {job_id} has no task {task_id}")
+    return TrialPage(task_id=page.task_id, status=page.status, trials_done=page.trials_done,
+                     items=[TrialPoint(**asdict(p)) for p in page.items])
 
 
 @router.post("/{job_id}/cancel")

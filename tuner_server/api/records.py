@@ -1,7 +1,8 @@
-"""Records routes: list, best, import, pretuned logs."""
+"""Records routes: list, search (the dashboard's), best, import, pretuned logs."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Response
@@ -37,6 +38,26 @@ def _target(text: str, field: str = "target") -> Target:
 class RecordPage(BaseModel):
     total: int
     items: list[dict[str, Any]]
+
+
+class RecordSummary(BaseModel):
+    id: int
+    target: str
+    template: str
+    workload_key: str
+    args: list[Any]
+    error_no: int
+    cost: float | None = Field(description="mean seconds; null when it failed")
+    gflops: float | None = Field(description="null when it failed or FLOPs are unknown")
+    config: dict[str, Any] = Field(description="AutoTVM's config object")
+    knobs: dict[str, Any] = Field(description="knob name -> value")
+    timestamp: float
+    worker: str | None
+
+
+class RecordSearchPage(BaseModel):
+    total: int
+    items: list[RecordSummary]
 
 
 class BestRequest(BaseModel):
@@ -80,6 +101,23 @@ def list_records(
     total, items = svc.query(session, _target(target) if target else None, template, wl,
                              limit, offset)
     return RecordPage(total=total, items=[r.to_json() for r in items])
+
+
+@router.get("/records/search", response_model=RecordSearchPage)
+def search_records(
+    target: str | None = Query(None, description="a kind (every model) or kind + -model"),
+    template: str | None = None,
+    workload: str | None = Query(None, max_length=1000,
+                                 description="a substring of the workload key, e.g. 1,64,56,56"),
+    best: bool = Query(True, description="only the best record per device model and workload"),
+    limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0, le=MAX_ID),
+    session: Session = Depends(get_session),
+    _role: str = Depends(require("client")),
+) -> RecordSearchPage:
+    total, items = svc.search(session, _target(target) if target else None, template or None,
+                              workload or None, best, limit, offset)
+    return RecordSearchPage(total=total, items=[RecordSummary(**asdict(r)) for r in items])
 
 
 @router.post("/records/best", response_model=BestResponse)

@@ -1,10 +1,11 @@
-"""Worker routes: register, lease (long-poll), heartbeat, results, release."""
+"""Worker routes: list (with stats), register, lease (long-poll), heartbeat, results, release."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import time
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -13,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from schemas import DeviceLimits, MeasureResult, Target
 from tuner_server.api.deps import BodyId, PathId, get_session, require
-from tuner_server.services import dispatch
+from tuner_server.services import dispatch, fleet
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
 
@@ -22,6 +23,22 @@ class WorkerRegistration(BaseModel):
     name: str = Field(min_length=1, max_length=128)
     target: Target
     limits: DeviceLimits = DeviceLimits()
+    device: str | None = Field(None, min_length=1, max_length=255,
+                               description="the device's own name, e.g. NVIDIA H200")
+
+
+class WorkerInfo(BaseModel):
+    id: int
+    name: str
+    target: str
+    device: str = Field(description="the device's name, else the target's model")
+    last_heartbeat: float = Field(description="unix seconds of its last contact")
+    alive: bool = Field(description="seen within the server's lease time")
+    trials_per_minute: float = Field(description="results in the last 10 minutes / 10")
+    error_rate: float | None = Field(
+        description="share of the last 10 minutes' results with error_no != 0; "
+                    "null without results")
+    trials_done: int
 
 
 class LeaseRequest(BaseModel):
@@ -64,10 +81,17 @@ def _worker(session: Session, worker_id: int) -> Any:
     return worker
 
 
+@router.get("", response_model=list[WorkerInfo])
+def list_workers(request: Request, session: Session = Depends(get_session),
+                 _role: str = Depends(require("client"))) -> list[WorkerInfo]:
+    stats = fleet.list_workers(session, request.app.state.settings.lease_seconds)
+    return [WorkerInfo(**asdict(s)) for s in stats]
+
+
 @router.post("", status_code=201)
 def register(body: WorkerRegistration, session: Session = Depends(get_session),
              _role: str = Depends(require("worker"))) -> dict[str, Any]:
-    worker_id = dispatch.register(session, body.name, body.target, body.limits)
+    worker_id = dispatch.register(session, body.name, body.target, body.limits, body.device)
     session.commit()
     return {"id": worker_id}
 

@@ -45,13 +45,19 @@ class RecordRow(Base):
     mean_cost: Mapped[float] = mapped_column(Float)
     error_no: Mapped[int] = mapped_column(Integer)
     timestamp: Mapped[float] = mapped_column(Float)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    # when the server stored it (``timestamp`` is the worker's clock): the dashboard's
+    # "last 10 minutes" reads the newest records through its index
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now,
+                                                 index=True)
     # set when the record is a trial's result: a trial is recorded at most once
     trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     __table_args__ = (
         # best lookup: walk one workload's good records cheapest first
         Index("ix_records_best", "workload_key", "error_no", "mean_cost", "id"),
+        # best per (kind, model, workload) (pretuned log, dashboard) from the index alone
+        Index("ix_records_groups", "error_no", "target_kind", "target_model", "workload_key",
+              "mean_cost", "template"),
         UniqueConstraint("trial_id", name="uq_records_trial_id"),
     )
 
@@ -117,6 +123,7 @@ class TrialRow(Base):
         UniqueConstraint("task_id", "config_index", name="uq_trials_task_config"),
         Index("ix_trials_queue", "status", "queue", "id"),
         Index("ix_trials_lease", "status", "lease_deadline"),
+        Index("ix_trials_worker", "worker_id", "status"),
     )
 
 
@@ -128,3 +135,5 @@ class WorkerRow(Base):
     target: Mapped[str] = mapped_column(String(255))
     limits: Mapped[dict[str, Any]] = mapped_column(JSON)
     last_seen: Mapped[float] = mapped_column(Float)
+    # the device's own name ("NVIDIA H200"), when the worker says it
+    device: Mapped[str | None] = mapped_column(String(255), nullable=True)

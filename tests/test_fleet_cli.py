@@ -1,0 +1,396 @@
+"""`tuner jobs`, `tuner job [--follow]`, `tuner workers`, `tuner cancel` against a live
+server (real uvicorn on loopback, SQLite): tables, tuning-curve sparklines, a follow that
+ends when its job does, and one clear line with exit 1 for every error a user can cause
+(server down, bad token, unknown job), exit 2 for bad arguments, never a traceback."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from server_fixtures import LiveServer, free_port, live_server
+from typer.testing import CliRunner
+
+from cli import fleet
+from cli.main import app
+from schemas import MeasureErrorNo, MeasureResult
+
+pytestmark = pytest.mark.timeout(120)
+
+runner = CliRunner()
+TARGET = "opencl -model=pocl-cpu"  # the fake workers' target: nothing is ever measured
+DENSE = "dense_small_batch.gpu"
+DENSE_ARGS: list[Any] = [["TENSOR", [1, 256], "float32"], ["TENSOR", [64, 256], "float32"],
+                         None, "float32"]  # 9 configs
+WORKER_FIELDS = {"id", "name", "target", "device", "last_heartbeat", "alive",
+                 "trials_per_minute", "error_rate", "trials_done"}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with live_server("sqlite", tmp_path_factory.mktemp("fleet_cli")) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _cancel_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test's fake worker leases from the one queue all jobs share: cancel what a
+    test left running so the next one leases only its own job's trials."""
+    yield
+    if "srv" not in request.fixturenames:
+        return
+    srv: LiveServer = request.getfixturevalue("srv")
+    with srv.client("client") as http:
+        for job in http.get("/api/v1/jobs").raise_for_status().json():
+            if job["status"] not in fleet.FINAL:
+                http.post(f"/api/v1/jobs/{job['id']}/cancel").raise_for_status()
+
+
+def tuner(srv: LiveServer, *argv: str, role: str | None = "client",
+          env: dict[str, str] | None = None) -> Any:
+    """Run `tuner ARGV` against ``srv`` with a ``role`` token; never a traceback."""
+    auth = ["--token", srv.tokens[role]] if role else []
+    result = runner.invoke(app, [*argv, "--server", srv.url, *auth],
+                           env={"COLUMNS": "200", "TUNER_TOKEN": "", **(env or {})})
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        repr(result.exception), result.output)
+    assert "Traceback" not in result.output
+    return result
+
+
+class FakeWorker:
+    """Plans (a scheduler pass by hand: the live server runs none), leases and reports
+    through the worker API, as a worker process would."""
+
+    def __init__(self, srv: LiveServer, name: str, device: str = "FakeCL 1.0") -> None:
+        self.srv = srv
+        self.http = srv.client("worker")
+        self.id = int(self.http.post("/api/v1/workers", json={
+            "name": name, "target": TARGET, "device": device}).raise_for_status().json()["id"])
+
+    def plan(self) -> None:
+        self.srv._server.config.app.state.scheduler.run_pass()
+
+    def measure(self, costs: list[float | None]) -> None:
+        """Lease len(costs) trials and report them: a cost, or None for a failed build."""
+        self.plan()
+        trials = self.http.post(f"/api/v1/workers/{self.id}/lease",
+                                json={"max_trials": len(costs), "wait_s": 0}
+                                ).raise_for_status().json()["trials"]
+        assert len(trials) == len(costs)
+        results = []
+        for trial, cost in zip(trials, costs):
+            result = (MeasureResult(costs=(cost,), error_no=MeasureErrorNo.NO_ERROR,
+                                    all_cost=0.1) if cost is not None
+                      else MeasureResult.failure(MeasureErrorNo.COMPILE_DEVICE, "fake error"))
+            results.append({"trial_id": trial["trial_id"],
+                            "result": result.model_dump(mode="json")})
+        self.http.post(f"/api/v1/workers/{self.id}/results",
+                       json={"results": results}).raise_for_status()
+        self.plan()
+
+
+def submit(srv: LiveServer, n_trial: int = 6) -> int:
+    body = {"target": TARGET, "tasks": [{"template": DENSE, "args": DENSE_ARGS}],
+            "n_trial": n_trial, "tuner": "random",
+            "measure": {"number": 1, "repeat": 1, "min_repeat_ms": 0}}
+    with srv.client("client") as http:
+        return int(http.post("/api/v1/jobs", json=body).raise_for_status().json()["id"])
+
+
+def get_job(srv: LiveServer, job_id: int) -> dict[str, Any]:
+    with srv.client("client") as http:
+        job: dict[str, Any] = http.get(f"/api/v1/jobs/{job_id}").raise_for_status().json()
+    return job
+
+
+# ------------------------------------------------------------------ pure rendering
+
+def test_sparkline() -> None:
+    assert fleet.sparkline([]) == ""
+    assert fleet.sparkline(range(1, 9)) == "▁▂▃▄▅▆▇█"  # type: ignore[arg-type]
+    assert fleet.sparkline([None, None, 2.0, 4.0]) == "  ▁█"  # blank before a valid result
+    assert fleet.sparkline([None, None]) == "  "
+    assert fleet.sparkline([3.0, 3.0, 3.0]) == "███"  # flat: the best came first
+    assert fleet.sparkline([5.0, 1.0, 3.0]) == "█▁▅"  # scaled min..max, rounded
+    # squeezed: each cell the largest value of its stretch
+    assert fleet.sparkline([1.0, 1.0, 2.0, 2.0, 3.0, 3.0, None, 9.0], width=4) == "▁▂▃█"
+    assert fleet.sparkline([None, None, None, 1.0], width=2) == " █"
+    assert len(fleet.sparkline([float(i) for i in range(1000)], width=32)) == 32
+    assert fleet.sparkline([1.0, float("nan"), 2.0]) == "▁ █"
+    with pytest.raises(ValueError):
+        fleet.sparkline([1.0], width=0)
+
+
+def test_curve_series_steps_the_best_so_far() -> None:
+    curve = [{"trial": 2, "best_gflops": 1.0}, {"trial": 4, "best_gflops": 3.0},
+             {"trial": 5, "best_gflops": None}]  # a 0 s timer: no GFLOP/s
+    assert fleet.curve_series(curve, 5) == [None, 1.0, 1.0, 3.0, 3.0]
+    assert fleet.curve_series([], 3) == [None, None, None]
+    assert fleet.curve_series(curve, 0) == [None, 1.0, 1.0, 3.0]  # never shorter than it
+
+
+def test_small_formatters() -> None:
+    assert [fleet.duration(s) for s in (None, -1, 0, 59.4, 95, 3600 * 2 + 65, 90000)] == [
+        "-", "-", "0s", "59s", "1m35s", "2h01m", "1d01h"]
+    assert fleet.workload_text(DENSE_ARGS) == "1x256 64x256 - float32"
+    assert fleet.workload_text([["TENSOR", [1, 16, 8, 8], "float32"], [1, 1],
+                                [1, 1, 1, 1], "float32"]) == "1x16x8x8 1,1 1,1,1,1 float32"
+
+
+def test_tables_show_what_the_server_gives() -> None:
+    """Progress, ETA and the best come from the server's figures when it has them, and
+    are counted from the tasks when an older server does not."""
+    from rich.console import Console
+
+    def text(renderable: Any) -> str:
+        console = Console(width=200, record=True, file=open("/dev/null", "w"))
+        console.print(renderable)
+        return console.export_text()
+
+    tasks = [{"trials_done": 3, "n_trial": 8, "best_gflops": 1.5},
+             {"trials_done": 1, "n_trial": 8, "best_gflops": None}]
+    old = {"id": 7, "status": "running", "tuner": "ga", "target": TARGET, "tasks": tasks}
+    new = {**old, "trials_done": 4, "trials_total": 16, "progress": 0.5, "eta_s": 95.0,
+           "best_gflops": 2.25}
+    assert "4/16 (25%)" in text(fleet.jobs_table([old]))
+    row = text(fleet.jobs_table([new]))
+    assert "4/16 (50%)" in row and "1m35s" in row and "2.25" in row and "ga" in row
+    done = text(fleet.jobs_table([{**new, "status": "done", "eta_s": 0.0}]))
+    assert "1m35s" not in done and " - " in done
+    workers = [{"id": 3, "name": "gpu-a", "target": "cuda -model=h200", "device": "H200",
+                "last_heartbeat": 1000.0, "alive": True, "trials_per_minute": 12.5,
+                "error_rate": 0.25, "trials_done": 40},
+               {"id": 4, "name": "gpu-b", "target": "cuda", "device": None,
+                "last_heartbeat": 100.0, "alive": False, "trials_per_minute": 0.0,
+                "error_rate": None, "trials_done": 0}]
+    table = text(fleet.workers_table(workers, now=1005.0))
+    for cell in ("gpu-a", "cuda -model=h200", "H200", "5s ago", "yes", "12.5", "25%",
+                 "15m05s ago", "no"):
+        assert cell in table, (cell, table)
+
+
+# ------------------------------------------------------------------- live server
+
+def test_jobs_and_job_show_progress_best_and_curve(srv: LiveServer) -> None:
+    job_id = submit(srv, n_trial=6)
+    worker = FakeWorker(srv, "curve")
+    worker.measure([4e-5, None, 2e-5, 3e-5])  # best improves at trial 1, then trial 3
+    job = get_job(srv, job_id)
+    [task] = job["tasks"]
+    assert task["trials_done"] == 4 and task["best_gflops"]
+    best = f"{task['best_gflops']:.2f}"
+
+    listing = tuner(srv, "jobs")
+    assert listing.exit_code == 0, listing.output
+    row = next(line for line in listing.stdout.splitlines() if f" {job_id} " in line)
+    for cell in ("running", "4/6", best, "random", TARGET):
+        assert cell in row, (cell, row)
+    for header in ("id", "status", "progress", "ETA", "best GFLOP/s", "tuner", "target"):
+        assert header in listing.stdout
+
+    shown = tuner(srv, "job", str(job_id))
+    assert shown.exit_code == 0, shown.output
+    curve = fleet.sparkline(fleet.curve_series(task["curve"], 4), 32)
+    assert curve == "▁▁██"  # half as fast for two trials (one failed), then the best
+    line = next(line for line in shown.stdout.splitlines() if DENSE in line)
+    for cell in ("1x256 64x256 - float32", "4/6", best, curve):
+        assert cell in line, (cell, line)
+    assert f"job {job_id} running" in shown.stdout
+
+
+def test_follow_ends_when_the_job_is_done(srv: LiveServer, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    monkeypatch.setattr(fleet, "REFRESH_S", 0.2)
+    job_id = submit(srv, n_trial=3)
+    worker = FakeWorker(srv, "finisher")
+    worker.measure([3e-5])
+
+    def finish() -> None:
+        time.sleep(0.5)
+        worker.measure([2e-5, 1e-5])  # the last trials; the pass marks the job done
+
+    thread = threading.Thread(target=finish)
+    thread.start()
+    started = time.monotonic()
+    result = tuner(srv, "job", str(job_id), "--follow")
+    thread.join()
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - started < 20
+    assert f"job {job_id} done" in result.stdout and "3/3" in result.stdout
+    assert get_job(srv, job_id)["status"] == "done"
+
+
+def test_follow_ends_when_the_job_is_cancelled(srv: LiveServer,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled from elsewhere: the view ends, exit 1 (the job did not finish)."""
+    monkeypatch.setattr(fleet, "REFRESH_S", 0.2)
+    job_id = submit(srv, n_trial=6)
+    FakeWorker(srv, "canceller").plan()
+
+    def cancel() -> None:
+        time.sleep(0.5)
+        with srv.client("client") as http:
+            http.post(f"/api/v1/jobs/{job_id}/cancel").raise_for_status()
+
+    thread = threading.Thread(target=cancel)
+    thread.start()
+    result = tuner(srv, "job", str(job_id), "--follow")
+    thread.join()
+    assert result.exit_code == 1, result.output
+    assert f"job {job_id} cancelled" in result.stdout
+
+
+def test_follow_leaves_cleanly_on_ctrl_c(srv: LiveServer, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    monkeypatch.setattr(fleet, "REFRESH_S", 0.05)
+    job_id = submit(srv, n_trial=2)
+    calls = []
+    real = fleet.FleetClient.job
+
+    def job(self: fleet.FleetClient, jid: int) -> dict[str, Any]:
+        calls.append(jid)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, jid)
+
+    monkeypatch.setattr(fleet.FleetClient, "job", job)
+    result = tuner(srv, "job", str(job_id), "--follow")
+    assert result.exit_code == 130, result.output
+    assert f"stopped following job {job_id}" in result.stderr
+    assert f"job {job_id} " in result.stdout  # the last view stays on the screen
+
+
+def test_follow_rides_out_a_server_restart(srv: LiveServer,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server stops answering for a while: the view says so and keeps polling; past
+    RETRY_S it gives up with exit 1."""
+    monkeypatch.setattr(fleet, "REFRESH_S", 0.05)
+    job_id = submit(srv, n_trial=2)
+    real = fleet.FleetClient.job
+    calls = []
+
+    def flaky(self: fleet.FleetClient, jid: int) -> dict[str, Any]:
+        calls.append(jid)
+        if len(calls) in (2, 3):
+            raise fleet.Unreachable("cannot reach the tuning server (test)")
+        if len(calls) == 4:
+            with srv.client("client") as http:
+                http.post(f"/api/v1/jobs/{jid}/cancel").raise_for_status()
+        return real(self, jid)
+
+    monkeypatch.setattr(fleet.FleetClient, "job", flaky)
+    result = tuner(srv, "job", str(job_id), "--follow")
+    assert result.exit_code == 1 and len(calls) == 4, (calls, result.output)
+    assert f"job {job_id} cancelled" in result.stdout
+
+    monkeypatch.setattr(fleet, "RETRY_S", 0.2)
+    job_id = submit(srv, n_trial=2)
+    calls.clear()
+
+    def down(self: fleet.FleetClient, jid: int) -> dict[str, Any]:
+        calls.append(jid)
+        if len(calls) > 1:
+            raise fleet.Unreachable("cannot reach the tuning server (test)")
+        return real(self, jid)
+
+    monkeypatch.setattr(fleet.FleetClient, "job", down)
+    result = tuner(srv, "job", str(job_id), "--follow")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == "error: cannot reach the tuning server (test)\n"
+    assert 3 <= len(calls) < 20
+
+
+def test_workers(srv: LiveServer) -> None:
+    worker = FakeWorker(srv, "lister")
+    submit(srv, n_trial=3)
+    worker.measure([2e-5, None])  # one good, one failed: error rate 50% in the window
+    with srv.client("client") as http:
+        answer = http.get("/api/v1/workers")
+    assert answer.status_code == 200, answer.text
+    rows = {w["id"]: w for w in answer.json()}
+    assert WORKER_FIELDS <= set(rows[worker.id]), rows[worker.id]
+    result = tuner(srv, "workers")
+    assert result.exit_code == 0, result.output
+    for header in ("id", "name", "target", "device", "last heartbeat", "alive",
+                   "trials/min", "error rate"):
+        assert header in result.stdout
+    row = next(line for line in result.stdout.splitlines() if " lister " in line)
+    me = rows[worker.id]
+    assert me["alive"] is True and me["error_rate"] == 0.5
+    assert me["device"] == "FakeCL 1.0" and me["trials_done"] == 2
+    for cell in (TARGET, "FakeCL 1.0", "s ago", "yes",
+                 f"{me['trials_per_minute']:.1f}", "50%"):
+        assert cell in row, (cell, row)
+
+
+def test_cancel(srv: LiveServer) -> None:
+    job_id = submit(srv, n_trial=4)
+    result = tuner(srv, "cancel", str(job_id))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"job {job_id} cancelled"
+    assert get_job(srv, job_id)["status"] == "cancelled"
+    again = tuner(srv, "cancel", str(job_id))
+    assert (again.exit_code, again.stdout.strip()) == (0, f"job {job_id} cancelled")
+
+
+def test_env_vars_name_server_and_token(srv: LiveServer) -> None:
+    result = runner.invoke(app, ["jobs"], env={"TUNER_SERVER": srv.url, "COLUMNS": "200",
+                                               "TUNER_TOKEN": srv.tokens["client"]})
+    assert result.exit_code == 0, result.output
+    assert "progress" in result.stdout
+
+
+@pytest.mark.parametrize("argv", [["jobs"], ["job", "1"], ["job", "1", "--follow"],
+                                  ["workers"], ["cancel", "1"]])
+def test_no_server_is_exit_1(argv: list[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    result = runner.invoke(app, [*argv, "--server", url, "--token", "x"])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(f"error: cannot reach the tuning server at {url}")
+    assert "Traceback" not in result.output and result.stdout == ""
+
+
+def test_errors_are_one_line_exit_1(srv: LiveServer) -> None:
+    missing = 999_999
+    for argv in (["job", str(missing)], ["job", str(missing), "--follow"],
+                 ["cancel", str(missing)]):
+        result = tuner(srv, *argv)
+        assert result.exit_code == 1, (argv, result.output)
+        assert result.stderr == f"error: job {missing} not found (on {srv.url})\n"
+
+    bad = runner.invoke(app, ["jobs", "--server", srv.url, "--token", "tun_not_a_token"])
+    assert bad.exit_code == 1 and "refused the token (401: unknown token)" in bad.stderr
+    none = runner.invoke(app, ["workers", "--server", srv.url], env={"TUNER_TOKEN": ""})
+    assert none.exit_code == 1 and "(401: missing bearer token)" in none.stderr
+    worker = tuner(srv, "cancel", "1", role="worker")
+    assert worker.exit_code == 1 and "forbidden (403: a worker token" in worker.stderr
+    for out in (bad, none, worker):
+        assert out.stderr.count("\n") == 1 and "Traceback" not in out.output
+
+
+def test_bad_arguments_are_exit_2(srv: LiveServer) -> None:
+    for argv in (["job", "abc"], ["job", "0"], ["cancel"], ["jobs", "--limit", "0"]):
+        assert tuner(srv, *argv).exit_code == 2, argv
+    result = runner.invoke(app, ["jobs", "--server", "127.0.0.1:8600"])
+    assert result.exit_code == 2
+    assert "--server: '127.0.0.1:8600' is not an http:// or https:// URL" in result.stderr
+
+
+def test_a_server_that_is_not_a_tuner_is_exit_1(tmp_path: Path) -> None:
+    """Some other web server at --server: a clear line, not a JSON or key error."""
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text="<html>hi"))
+    client = fleet.FleetClient("http://example.invalid", None)
+    client._http = httpx.Client(base_url="http://example.invalid", transport=transport)
+    with pytest.raises(fleet.FleetError, match="did not answer JSON"):
+        client.jobs()
+    transport = httpx.MockTransport(lambda request: httpx.Response(404, json={
+        "detail": "Not Found"}))
+    client._http = httpx.Client(base_url="http://example.invalid", transport=transport)
+    with pytest.raises(fleet.FleetError, match="has no GET /api/v1/workers"):
+        client.workers()

@@ -1,0 +1,72 @@
+"""The worker fleet at a glance: each worker's heartbeat, pace and error rate, from
+aggregate queries (what ``GET /api/v1/workers``, the dashboard and `tuner workers` show)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from schemas import Target
+from tuner_server.db.models import RecordRow, TrialRow, WorkerRow
+
+# Pace and error rate are over the results of the last 10 minutes.
+WINDOW_S = 600.0
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    id: int
+    name: str
+    target: str
+    device: str  # the device's own name, else the target's model
+    last_heartbeat: float  # unix seconds of its last lease, heartbeat or report
+    alive: bool
+    trials_per_minute: float
+    error_rate: float | None  # None: no results in the window
+    trials_done: int  # trials it has recorded (a lease it lost 3 times counts, error 8)
+
+
+def _device(worker: WorkerRow) -> str:
+    if worker.device:
+        return worker.device
+    try:
+        return Target.parse(worker.target).model
+    except ValueError:
+        return "unknown"
+
+
+def list_workers(session: Session, alive_within_s: float, now: float | None = None
+                 ) -> list[WorkerStats]:
+    """Every registered worker, newest registration first.
+
+    ``alive``: seen within ``alive_within_s`` (the server's lease: a busy worker beats
+    at a third of it, an idle one long-polls every few seconds). Counts come from two
+    GROUP BY queries: done trials through ``ix_trials_worker``, the last 10 minutes'
+    results through ``ix_records_created_at``, so neither reads the whole records table."""
+    now = time.time() if now is None else now
+    done = {worker_id: int(n) for worker_id, n in session.execute(
+        select(TrialRow.worker_id, func.count())
+        .where(TrialRow.worker_id.is_not(None), TrialRow.status == "done")
+        .group_by(TrialRow.worker_id))}
+    cutoff = datetime.fromtimestamp(now - WINDOW_S, timezone.utc)
+    # Grouped by ``worker_id + 0``, not the bare column: SQLite would otherwise walk
+    # ix_trials_worker (every trial ever run) instead of the recent records' range.
+    worker = (TrialRow.worker_id + 0).label("worker")
+    recent = {worker_id: (int(n), int(failed or 0)) for worker_id, n, failed in session.execute(
+        select(worker, func.count(), func.sum(case((RecordRow.error_no != 0, 1), else_=0)))
+        .select_from(RecordRow).join(TrialRow, TrialRow.id == RecordRow.trial_id)
+        .where(RecordRow.created_at >= cutoff)
+        .group_by(worker))}
+    out = []
+    for worker in session.scalars(select(WorkerRow).order_by(WorkerRow.id.desc())):
+        n, failed = recent.get(worker.id, (0, 0))
+        out.append(WorkerStats(
+            id=worker.id, name=worker.name, target=worker.target, device=_device(worker),
+            last_heartbeat=worker.last_seen, alive=worker.last_seen >= now - alive_within_s,
+            trials_per_minute=n / (WINDOW_S / 60), error_rate=failed / n if n else None,
+            trials_done=int(done.get(worker.id, 0))))
+    return out
