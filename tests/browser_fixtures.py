@@ -10,7 +10,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from server_fixtures import LiveServer
+from server_fixtures import LiveServer, start_server
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
@@ -76,34 +75,8 @@ def chromium() -> Iterator[Any]:
 # ------------------------------------------------------------------------- the server
 
 def serve(database_url: str, tokens: dict[str, str], run_scheduler: bool = True) -> LiveServer:
-    """The real app under uvicorn on a loopback socket, with its lifespan (so the
-    scheduler plans trials when ``run_scheduler``); returns once /healthz answers."""
-    import uvicorn
-
-    from tuner_server.app import create_app
-    from tuner_server.settings import Settings
-
-    app = create_app(Settings(database_url=database_url, require_auth=True,
-                              run_scheduler=run_scheduler, scheduler_interval=0.1))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline or not thread.is_alive():
-            server.should_exit = True
-            raise RuntimeError(f"server on {url} did not answer /healthz")
-        time.sleep(0.05)
-    return LiveServer(url, database_url, tokens, server, thread)
+    """The real app on loopback, its scheduler planning trials unless told not to."""
+    return start_server(database_url, tokens, run_scheduler)
 
 
 # ------------------------------------------------------------------- a simulated worker

@@ -8,7 +8,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,18 +134,25 @@ class LiveServer:
         self._server.config.app.state.engine.dispose()
 
 
-def start_server(database_url: str, tokens: dict[str, str]) -> LiveServer:
-    """Start the real app under uvicorn on a loopback socket; returns once /healthz answers."""
+def start_server(database_url: str, tokens: dict[str, str],
+                 run_scheduler: bool = False) -> LiveServer:
+    """Start the real app under uvicorn on a loopback socket; returns once /healthz
+    answers. With ``run_scheduler`` the app's lifespan runs, so its scheduler plans trials
+    (every 0.1 s); without, trials are planned only when a test asks."""
     import uvicorn
 
     from tuner_server.app import create_app
     from tuner_server.settings import Settings
 
-    app = create_app(Settings(database_url=database_url, require_auth=True))
+    settings = (Settings(database_url=database_url, require_auth=True, run_scheduler=True,
+                         scheduler_interval=0.1) if run_scheduler
+                else Settings(database_url=database_url, require_auth=True))
+    app = create_app(settings)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
+                                           lifespan="on" if run_scheduler else "off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -173,3 +180,16 @@ def live_server(backend: str, directory: Path) -> Iterator[LiveServer]:
             yield server
         finally:
             server.stop()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
+               every: float = 0.05, diagnose: Callable[[], str] = lambda: "") -> Any:
+    """Poll until ``predicate()`` is truthy; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}\n{diagnose()}")
+        time.sleep(every)

@@ -48,7 +48,14 @@ from browser_fixtures import (
     serve,
     timed_visit,
 )
-from server_fixtures import TOPHUB_DIR, LiveServer, empty_database, make_tokens, migrate
+from server_fixtures import (
+    TOPHUB_DIR,
+    LiveServer,
+    empty_database,
+    make_tokens,
+    migrate,
+    wait_until,
+)
 from sqlalchemy import create_engine, update
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
@@ -93,18 +100,6 @@ def get_job(server: LiveServer, job_id: int) -> dict[str, Any]:
         job: dict[str, Any] = client.get(f"/api/v1/jobs/{job_id}",
                                          params={"curves": "false"}).raise_for_status().json()
     return job
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
-               diagnose: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}\n{diagnose()}")
-        time.sleep(0.1)
 
 
 @dataclass
@@ -184,7 +179,7 @@ def rerendered(page: Any, old: Any) -> None:
 def wait_reported(live: Live, n: int, timeout: float = 30) -> None:
     wait_until(lambda: len(live.worker.reported) >= n, timeout,
                f"the simulated worker to report {n} trials",
-               lambda: f"reported {len(live.worker.reported)}; errors {live.worker.errors[-3:]}")
+               diagnose=lambda: f"reported {len(live.worker.reported)}; errors {live.worker.errors[-3:]}")
 
 
 def keep_screenshot(page: Any, live: Live, name: str) -> None:
@@ -304,7 +299,7 @@ def test_cancel_from_the_page(live: Live, new_page: Callable[[], Any], where: st
     button.click()
     status = wait_until(lambda: get_job(live.server, job_id)["status"] == "cancelled", 10,
                         f"job {job_id} to be cancelled in the API",
-                        lambda: dump(get_job(live.server, job_id)))
+                        diagnose=lambda: dump(get_job(live.server, job_id)))
     assert status
     visit(page, live.url("#/jobs"))
     expect(page.locator(f'table#jobs tr[data-job-id="{job_id}"] .status')).to_have_text(

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_fixtures import empty_database, free_port, make_tokens, migrate
+from server_fixtures import empty_database, free_port, make_tokens, migrate, wait_until
 from sqlalchemy import create_engine, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
@@ -135,19 +135,6 @@ def assert_exactly_once(engine: Engine, job_id: int, n_trial: int) -> list[tuple
 def parse_metrics(text: str) -> dict[str, float]:
     return {name: float(value) for name, _, value in
             (line.partition(" ") for line in text.splitlines() if line and line[0] != "#")}
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
-               every: float = 0.05, diagnose: Callable[[], str] = lambda: "") -> Any:
-    """Poll until ``predicate()`` is truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}\n{diagnose()}")
-        time.sleep(every)
 
 
 # --------------------------------------------------------------------------------------

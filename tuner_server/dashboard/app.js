@@ -312,7 +312,9 @@ function niceCeil(value) {
  * measured trial a dot, failed ones red on the axis with their AutoTVM error number. */
 function drawCurve(el, points, nTrial) {
   const { w, h: height, left, right, top, bottom } = CURVE;
-  const xMax = Math.max(nTrial || 0, points.length, 1);
+  // the budget's span, but no wider than twice the trials so far (a 100,000-trial budget
+  // would squeeze the first thousand trials against the axis); it widens as they arrive
+  const xMax = Math.max(points.length, 1, Math.min(nTrial || 0, Math.max(2 * points.length, 64)));
   const top_ = points.reduce((m, p) => (p.gflops !== null && p.gflops > m ? p.gflops : m), 0);
   const yMax = niceCeil(top_ * 1.05);
   const x = (n) => left + (xMax <= 1 ? 0 : (n - 1) / (xMax - 1)) * (w - left - right);
@@ -330,7 +332,8 @@ function drawCurve(el, points, nTrial) {
   const xStep = niceCeil(xMax / 6);
   for (let n = 0; n <= xMax; n += xStep) {
     const at = Math.max(n, 1);
-    parts.push(svg("text", { class: "tick", x: x(at), y: height - bottom + 16, "text-anchor": "middle" }, at));
+    const anchor = n + xStep > xMax ? "end" : "middle";  // the last label stays inside
+    parts.push(svg("text", { class: "tick", x: x(at), y: height - bottom + 16, "text-anchor": anchor }, at));
   }
   parts.push(svg("text", { class: "label", x: (left + w - right) / 2, y: height - 4, "text-anchor": "middle" }, "trial"));
   parts.push(svg("text", { class: "label", x: 12, y: (top + height - bottom) / 2, "text-anchor": "middle",
