@@ -55,12 +55,12 @@ def list_workers(session: Session, alive_within_s: float, now: float | None = No
     cutoff = datetime.fromtimestamp(now - WINDOW_S, timezone.utc)
     # Grouped by ``worker_id + 0``, not the bare column: SQLite would otherwise walk
     # ix_trials_worker (every trial ever run) instead of the recent records' range.
-    worker = (TrialRow.worker_id + 0).label("worker")
+    by_worker = (TrialRow.worker_id + 0).label("worker")
     recent = {worker_id: (int(n), int(failed or 0)) for worker_id, n, failed in session.execute(
-        select(worker, func.count(), func.sum(case((RecordRow.error_no != 0, 1), else_=0)))
+        select(by_worker, func.count(), func.sum(case((RecordRow.error_no != 0, 1), else_=0)))
         .select_from(RecordRow).join(TrialRow, TrialRow.id == RecordRow.trial_id)
         .where(RecordRow.created_at >= cutoff)
-        .group_by(worker))}
+        .group_by(by_worker))}
     out = []
     for worker in session.scalars(select(WorkerRow).order_by(WorkerRow.id.desc())):
         n, failed = recent.get(worker.id, (0, 0))
