@@ -18,7 +18,10 @@ defaults), and where we differ:
   other than bias_add / relu / add needs it, so tensors between layers are stored in
   int8 (off: they stay int32 and each reader converts);
 - ops without an integer form (pooling, dense, softmax...) get a float32 value back:
-  ``multiply(cast(x, "float32"), scale)``.
+  ``multiply(cast(x, "float32"), scale)``;
+- convs the int8 template cannot take stay float: grouped ones, input channels not a
+  multiple of 4 (dp4a packs four), and weights so small that requantizing would shift
+  by more than ``MAX_SHIFT`` bits.
 
 The result is plain IR: multiply / round / clip / cast / right_shift around int8 convs,
 as ``--print-ir`` shows; ``fuse_ops`` later folds each conv's bias, shift, residual,
