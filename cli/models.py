@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from compiler.build_module import Module
     from compiler.hetero import HeteroModule
     from compiler.runtime import Device
+    from compiler.runtime.executor import BenchmarkResult
 
 MODEL = typer.Argument(..., exists=True, dir_okay=False, readable=True, help="an .onnx file")
 TARGET = typer.Option(..., "--target", help="e.g. 'opencl -model=pocl-cpu'")
@@ -239,6 +240,11 @@ def _build_hetero(model: Path, target: str, records: str | None, token: str | No
     return module
 
 
+def _latency(result: BenchmarkResult, how: str) -> str:
+    return (f"latency: mean {result.mean * 1e3:.2f} ms, median {result.median * 1e3:.2f} ms, "
+            f"std {result.std * 1e3:.2f} ms ({how})")
+
+
 def compile_model(
     model: Path = MODEL,
     target: str = TARGET,
@@ -267,10 +273,9 @@ def compile_model(
                 result = hetero.benchmark(number=number, repeat=repeat)
             except DeviceRuntimeError as err:
                 fail(f"--benchmark: {err}", code=1)
-            typer.echo(f"latency: mean {result.mean * 1e3:.2f} ms, median "
-                       f"{result.median * 1e3:.2f} ms, std {result.std * 1e3:.2f} ms "
-                       f"({repeat} x {number} runs, wall clock, {len(hetero.segments)} "
-                       f"segment(s), {len(hetero.copies)} device_copy)")
+            typer.echo(_latency(result, f"{repeat} x {number} runs, wall clock, "
+                                f"{len(hetero.segments)} segment(s), "
+                                f"{len(hetero.copies)} device_copy"))
         return
     module = _build(model, target, records, token, database_url, device, print_ir, quantize,
                     qconfig)
@@ -281,9 +286,7 @@ def compile_model(
             result = module.benchmark(number=number, repeat=repeat)
         except DeviceRuntimeError as err:
             fail(f"--benchmark: {err}", code=1)
-        typer.echo(f"latency: mean {result.mean * 1e3:.2f} ms, median "
-                   f"{result.median * 1e3:.2f} ms, std {result.std * 1e3:.2f} ms "
-                   f"({repeat} x {number} runs)")
+        typer.echo(_latency(result, f"{repeat} x {number} runs"))
         slowest = sorted(module.profile(), key=lambda s: -s.seconds)[:5]
         for step in slowest:
             typer.echo(f"  {step.seconds * 1e3:8.2f} ms  {step.share * 100:5.1f}%  {step.name}")
