@@ -31,7 +31,13 @@ from compiler.records import (
     choose_configs,
 )
 from compiler.runtime import Device, open_device
-from compiler.runtime.executor import BenchmarkResult, GraphExecutor, Program, Step, StepTime
+from compiler.runtime.executor import (
+    BenchmarkResult,
+    GraphExecutor,
+    Program,
+    Step,
+    StepTime,
+)
 from compiler.tasks import Task, candidates, extract_tasks
 from compiler.templates import IOLayout, get_template
 from schemas import DeviceLimits, Target

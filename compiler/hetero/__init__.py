@@ -22,14 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-
 from compiler.build_module import Model, load_graph
-from compiler.passes import optimize
-from compiler.passes.annotate_device import HOST, annotate_devices, parse_device_spec
-from compiler.records import RecordSource
-from compiler.runtime import Device, open_device
-from compiler.runtime.host import HostDevice
-
 from compiler.hetero.module import HeteroModule, assemble
 from compiler.hetero.placement import (
     Candidate,
@@ -50,6 +43,11 @@ from compiler.hetero.segments import (
     segment_graph,
     split_segments,
 )
+from compiler.passes import optimize
+from compiler.passes.annotate_device import HOST, annotate_devices, parse_device_spec
+from compiler.records import RecordSource
+from compiler.runtime import Device, open_device
+from compiler.runtime.host import HostDevice
 
 # ---------------------------------------------------------------- building
 

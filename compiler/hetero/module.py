@@ -11,19 +11,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from compiler.ir import CONST, INPUT, Graph, Node
-from compiler.ir.interpreter import Inputs, bind_inputs
-from compiler.passes.annotate_device import DEVICE_COPY, insert_device_copy
-from compiler.records import RecordSource, build_report
-from compiler.runtime.executor import BenchmarkResult
-from compiler.runtime.host import HostDevice, random_value
-
 from compiler.hetero.segments import (
     AnyDevice,
     Segment,
     build_segment,
     split_segments,
 )
+from compiler.ir import CONST, INPUT, Graph, Node
+from compiler.ir.interpreter import Inputs, bind_inputs
+from compiler.passes.annotate_device import DEVICE_COPY, insert_device_copy
+from compiler.records import RecordSource, build_report
+from compiler.runtime.executor import BenchmarkResult
+from compiler.runtime.host import HostDevice, random_value
 
 if TYPE_CHECKING:
     from compiler.hetero.placement import PlacementReport

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.build_module import lower, select_layers
+from compiler.hetero.module import HeteroModule, assemble, label
+from compiler.hetero.segments import BUILD_ERRORS, AnyDevice, Segment, build_segment
 from compiler.ir import CONST, Graph, Node
 from compiler.ir.ops import ALIAS_OPS
 from compiler.passes.annotate_device import HOST, placed_nodes
@@ -21,9 +23,6 @@ from compiler.records import RecordSource
 from compiler.runtime import Device
 from compiler.runtime.executor import GraphExecutor
 from compiler.runtime.host import HostDevice, random_value
-
-from compiler.hetero.module import HeteroModule, label, assemble
-from compiler.hetero.segments import BUILD_ERRORS, AnyDevice, Segment, build_segment
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,6 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-
 from compiler.build_module import lower, select_layers
 from compiler.ir import CONST, Graph, GraphBuilder, Node
 from compiler.kernels import NoKernelError
@@ -18,7 +17,6 @@ from compiler.runtime.device import BuildError, DeviceRuntimeError
 from compiler.runtime.executor import GraphExecutor, Program
 from compiler.runtime.host import HostDevice
 from compiler.tasks import Task
-
 
 log = logging.getLogger(__name__)
 

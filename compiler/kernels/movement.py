@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from compiler.ir import Node
-from compiler.kernels.common import around_axis, c_float, linear, per_item, strides, unravel
+from compiler.kernels.common import (
+    around_axis,
+    c_float,
+    linear,
+    per_item,
+    strides,
+    unravel,
+)
 from compiler.templates.base import Kernel
 
 

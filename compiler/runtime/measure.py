@@ -11,7 +11,13 @@ from functools import lru_cache
 import numpy as np
 
 from compiler.runtime.device import BuildError, Device, DeviceRuntimeError
-from compiler.templates import ConfigError, Epilogue, Template, WorkloadError, get_template
+from compiler.templates import (
+    ConfigError,
+    Epilogue,
+    Template,
+    WorkloadError,
+    get_template,
+)
 from schemas import Config, MeasureErrorNo, MeasureOptions, MeasureResult, Workload
 
 

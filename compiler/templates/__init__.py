@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from compiler.templates import conv2d_nchw, dense_large_batch, dense_small_batch
-from compiler.templates import dense_pack
-from compiler.templates import conv2d_nchwc
-from compiler.templates import conv2d_winograd
-from compiler.templates import conv2d_nchw_int8
-from compiler.templates import depthwise_conv2d
+from compiler.templates import (
+    conv2d_nchw,
+    conv2d_nchw_int8,
+    conv2d_nchwc,
+    conv2d_winograd,
+    dense_large_batch,
+    dense_pack,
+    dense_small_batch,
+    depthwise_conv2d,
+)
 from compiler.templates.base import (
     Buffer,
     ConfigError,

@@ -34,8 +34,8 @@ from compiler.templates.base import (
     block_features,
     ceil_div,
     epilogue_buffers,
-    io_buffers,
     inner_unrolled,
+    io_buffers,
     log2,
     split_features,
     tensor_shape,
@@ -46,6 +46,7 @@ from compiler.templates.emit import Unroll, indent, signature
 from compiler.templates.ops import Conv2dOp, conv2d_nchw_reference
 from compiler.templates.space import ConfigSpace
 from schemas import Config, Workload
+
 # input channels per packed word: the 4 lanes of a dp4a
 LANES = 4
 
