@@ -18,7 +18,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from compiler.frontend.onnx import elementwise, nn, reduce, tensor
+from compiler.frontend.onnx import elementwise, image, nn, normalization, tensor
 from compiler.frontend.onnx.importer import Converter, Importer, NodeError, OnnxNode
 from compiler.ir import Graph, IRError
 
@@ -29,7 +29,8 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 CONVERTERS: dict[str, Converter] = {
     **elementwise.CONVERTERS,
     **nn.CONVERTERS,
-    **reduce.CONVERTERS,
+    **image.CONVERTERS,
+    **normalization.CONVERTERS,
     **tensor.CONVERTERS,
 }
 SUPPORTED_OPS = tuple(sorted(CONVERTERS))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import onnx
 
 from compiler.frontend.onnx.importer import (
     Converter,
@@ -49,8 +50,21 @@ def _sum(imp: Importer, node: OnnxNode) -> Sequence[Value]:
     return [total]
 
 
+def _cast(imp: Importer, node: OnnxNode) -> Sequence[Value]:
+    """Import-time constants, or a tensor already of the target type (a no-op)."""
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(int(node.attrs["to"]))
+    value = imp.value(node.arg(0))
+    if isinstance(value, np.ndarray):
+        return [value.astype(dtype)]
+    if value.ty.dtype != str(dtype):
+        raise NodeError(f"casting a computed {value.ty.dtype} tensor to {dtype} is not "
+                         "supported; only import-time constants are cast")
+    return [value]
+
+
 CONVERTERS: dict[str, Converter] = {
     "Add": _binary("add"),
+    "Cast": _cast,
     "Div": _binary("divide"),
     "LeakyRelu": _leaky_relu,
     "Mul": _binary("multiply"),

@@ -1,5 +1,5 @@
 """Neural-network operators: convolution, pooling, normalization, Gemm / MatMul,
-softmax and dropout."""
+dropout."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from compiler.frontend.onnx.importer import (
     NodeError,
     OnnxNode,
     Value,
-    normalize_axis,
     reshaped,
     shape_of,
     transposed,
@@ -104,14 +103,6 @@ def _global_avg_pool(imp: Importer, node: OnnxNode) -> Sequence[Value]:
     return [imp.call("nn.global_avg_pool2d", [data], node)]
 
 
-def _batch_norm(imp: Importer, node: OnnxNode) -> Sequence[Value]:
-    if node.attrs.get("spatial", 1) != 1:
-        raise NodeError("spatial=0 (per-activation statistics) is not supported")
-    if node.attrs.get("training_mode", 0):
-        raise NodeError("training_mode=1 is not supported; only inference")
-    inputs = [imp.tensor(node.arg(i)) for i in range(5)]
-    return [imp.call("nn.batch_norm", inputs, node, axis=1,
-                     epsilon=float(node.attrs.get("epsilon", 1e-5)))]
 
 
 def _gemm(imp: Importer, node: OnnxNode) -> Sequence[Value]:
@@ -164,40 +155,17 @@ def _dropout(imp: Importer, node: OnnxNode) -> Sequence[Value]:
     return [imp.value(node.arg(0))]
 
 
-def _softmax(imp: Importer, node: OnnxNode) -> Sequence[Value]:
-    """From opset 13 one axis (default -1); before, the input is seen as 2-D, flattened
-    at ``axis`` (default 1), and normalized over the whole second part."""
-    data = imp.tensor(node.arg(0))
-    if node.version >= 13:
-        return [imp.call("nn.softmax", [data], node, axis=int(node.attrs.get("axis", -1)))]
-    shape = data.ty.shape
-    axis = normalize_axis(int(node.attrs.get("axis", 1)), len(shape))
-    if axis == len(shape) - 1:
-        return [imp.call("nn.softmax", [data], node, axis=-1)]
-    flat = reshaped(imp, node, data, (int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))))
-    out = imp.call("nn.softmax", [flat], node, axis=-1)
-    return [reshaped(imp, node, out, shape)]
 
 
-def _lrn(imp: Importer, node: OnnxNode) -> Sequence[Value]:
-    if "size" not in node.attrs:
-        raise NodeError("attribute 'size' is required")
-    return [imp.call("nn.lrn", [imp.tensor(node.arg(0))], node, axis=1,
-                     size=int(node.attrs["size"]), alpha=float(node.attrs.get("alpha", 1e-4)),
-                     beta=float(node.attrs.get("beta", 0.75)),
-                     bias=float(node.attrs.get("bias", 1.0)))]
 
 
 
 CONVERTERS: dict[str, Converter] = {
     "AveragePool": _avg_pool,
-    "BatchNormalization": _batch_norm,
     "Conv": _conv,
     "Dropout": _dropout,
     "Gemm": _gemm,
     "GlobalAveragePool": _global_avg_pool,
-    "LRN": _lrn,
     "MatMul": _matmul,
     "MaxPool": _max_pool,
-    "Softmax": _softmax,
 }

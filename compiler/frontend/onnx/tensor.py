@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import onnx
 
 from compiler.frontend.onnx.importer import (
     Converter,
@@ -186,21 +185,10 @@ def _gather(imp: Importer, node: OnnxNode) -> Sequence[Value]:
     return [np.asarray(np.take(data, indices, axis=int(node.attrs.get("axis", 0))))]
 
 
-def _cast(imp: Importer, node: OnnxNode) -> Sequence[Value]:
-    """Import-time constants, or a tensor already of the target type (a no-op)."""
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(int(node.attrs["to"]))
-    value = imp.value(node.arg(0))
-    if isinstance(value, np.ndarray):
-        return [value.astype(dtype)]
-    if value.ty.dtype != str(dtype):
-        raise NodeError(f"casting a computed {value.ty.dtype} tensor to {dtype} is not "
-                         "supported; only import-time constants are cast")
-    return [value]
 
 
 
 CONVERTERS: dict[str, Converter] = {
-    "Cast": _cast,
     "Concat": _concat,
     "Constant": _constant,
     "ConstantOfShape": _constant_of_shape,

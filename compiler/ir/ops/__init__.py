@@ -1,7 +1,7 @@
 """The operators of the IR, one module per family; importing this package registers
 every one of them in ``OPS``."""
 
-from compiler.ir.ops import elementwise, movement, nn  # noqa: F401  (registers the ops)
+from compiler.ir.ops import elementwise, image, movement, nn, reduce  # noqa: F401  (registers)
 from compiler.ir.ops.base import OPS, OpDef, check_axis, evaluate_op, get_op, register
 from compiler.ir.ops.elementwise import batch_norm_scale_shift, round_half_away
 from compiler.ir.ops.movement import ALIAS_OPS

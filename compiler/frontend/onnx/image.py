@@ -1,4 +1,4 @@
-"""Reductions: ReduceMean / ReduceMax / ReduceSum ... and global max pooling."""
+"""Image operators: Resize / Upsample, DepthToSpace, SpaceToDepth."""
 
 from __future__ import annotations
 

@@ -1,0 +1,3 @@
+"""Image ops: resize (nearest, linear, cubic; every coordinate transformation)."""
+
+from __future__ import annotations

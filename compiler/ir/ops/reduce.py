@@ -1,0 +1,3 @@
+"""Reductions over axes (sum, mean, max...) and log-softmax."""
+
+from __future__ import annotations

@@ -1,0 +1,10 @@
+"""Batched matrix products and transposed convolution (plain kernels)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from compiler.ir import Node
+from compiler.templates.base import Kernel
+
+KERNELS: dict[str, Callable[[Node], Kernel]] = {}

@@ -1,0 +1,10 @@
+"""Reductions over axes and log-softmax: one work-item per output element."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from compiler.ir import Node
+from compiler.templates.base import Kernel
+
+KERNELS: dict[str, Callable[[Node], Kernel]] = {}
