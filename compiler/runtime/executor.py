@@ -99,8 +99,10 @@ class GraphExecutor:
         pool = [device.alloc_bytes(n) for n in self.plan.pool_bytes]
         storage: dict[int, Any] = {}
         for vid, array in program.constants.items():
-            storage[self._root[vid]] = device.upload(
-                np.ascontiguousarray(array, program.values[vid].dtype))
+            # an empty tensor (a zero-size slice, say) has storage but nothing to copy
+            storage[self._root[vid]] = (
+                device.upload(np.ascontiguousarray(array, program.values[vid].dtype))
+                if program.values[vid].size else device.alloc_bytes(0))
         for root in self._pinned - set(storage):
             storage[root] = device.alloc_bytes(program.values[root].nbytes)
         for root, index in self.plan.slot.items():
@@ -198,7 +200,8 @@ class GraphExecutor:
                                  f"{list(ty.shape)}")
             arrays.append(np.ascontiguousarray(array, dtype=ty.dtype))
         for (_, vid), array in zip(names, arrays):
-            self.device.write(self._storage[self._root[vid]], array)
+            if array.size:
+                self.device.write(self._storage[self._root[vid]], array)
         self._inputs_set = True
 
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -206,9 +209,13 @@ class GraphExecutor:
         self.set_inputs(inputs)
         self._launch_all()
         self.device.synchronize()
-        return [self.device.download(self._storage[self._root[v]], self.program.values[v].shape,
-                                     self.program.values[v].dtype)
-                for v in self.program.outputs]
+        return [self._download(v) for v in self.program.outputs]
+
+    def _download(self, vid: int) -> np.ndarray:
+        ty = self.program.values[vid]
+        if not ty.size:
+            return np.empty(ty.shape, ty.dtype)
+        return self.device.download(self._storage[self._root[vid]], ty.shape, ty.dtype)
 
     def _launch_all(self, timed: bool = False) -> list[Any]:
         return [self.device.launch(program, step.kernel, args, timed)
