@@ -22,7 +22,7 @@ def measure(
     repeat: int = typer.Option(3, "--repeat", min=1, help="costs measured"),
     min_repeat_ms: float = typer.Option(0.0, "--min-repeat-ms", min=0),
     timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="seconds for the trial"),
-    epilogue: str = typer.Option("", "--epilogue", help="fused ops, e.g. bias,relu"),
+    epilogue: str = typer.Option("", "--epilogue", help="fused ops, e.g. bias,relu or bias,hard_swish (as tuner codegen --epilogue)"),
 ) -> None:
     """Measure one config; prints one AutoTVM record line (exit 1 if the trial failed)."""
     tmpl = load_template(template)

@@ -37,7 +37,10 @@ def codegen(
     config: str | None = typer.Option(None, "--config", help="AutoTVM config object as JSON"),
     index: int | None = typer.Option(None, "--index", help="config index in the space"),
     dialect: str = typer.Option("cuda", "--dialect", help="cuda or opencl"),
-    epilogue: str = typer.Option("", "--epilogue", help="fused ops in order, e.g. bias,relu,add"),
+    epilogue: str = typer.Option(
+        "", "--epilogue",
+        help="fused ops in order, e.g. bias,relu,add or bias,clip:0:6 (ops: bias, add, relu, "
+             "clip:LO:HI, leaky_relu:A, hard_sigmoid:A:B, hard_swish, silu)"),
 ) -> None:
     """Print the kernel source of one config, with its launch shape."""
     if dialect not in ("cuda", "opencl"):

@@ -72,7 +72,7 @@ def _conv_candidates(node: Node, cpu: bool) -> list[Workload]:
     if node.attr("groups") != 1:
         channels = data.shape[1]
         if node.attr("groups") != channels or weight.shape[1] != 1:
-            return []  # grouped, not depthwise: the plain kernel
+            return []  # grouped, not depthwise (int8, or not split by fuse_ops): plain kernel
         # TVM's depthwise weight is [C, multiplier, kh, kw]: the same memory as OIHW
         # [C * multiplier, 1, kh, kw], as ONNX stores it
         shape = (channels, weight.shape[0] // channels, *weight.shape[2:])
@@ -89,7 +89,8 @@ def _conv_candidates(node: Node, cpu: bool) -> list[Workload]:
 def candidates(node: Node, target: Target | None = None) -> list[Workload]:
     """The template workloads that can compute ``node``, preferred first (Winograd, for
     3x3 stride-1 layers, after the direct ones); empty for ops no template covers
-    (grouped convolutions other than depthwise run a plain kernel)."""
+    (a grouped conv other than depthwise runs a plain kernel; ``fuse_ops`` splits float
+    ones into per-group convs, which templates cover)."""
     cpu = target is not None and target.device_class == "cpu"
     # CPU templates pack the weight at build time: only a constant weight can be packed
     packable = node.inputs[1].is_const if len(node.inputs) > 1 else False

@@ -299,8 +299,8 @@ def test_unnamed_node_is_named_by_its_output() -> None:
 
 
 @pytest.mark.parametrize("case, words", [
-    (Case([node("Pad", ["x", "p"], mode="wrap")], {"x": (2, 3)}, 19,
-          weights={"p": ints(1, 1, 1, 1)}), ["Pad", "pad_0", "wrap"]),
+    (Case([node("Pad", ["x", "p"], mode="edge")], {"x": (2, 3), "p": (4,)}, 19),
+     ["Pad", "pad_0", "pads", "import time"]),
     (Case([node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2, 2])], NCHW, 13,
           outputs=("y", "idx")), ["MaxPool", "maxpool_0", "output 1"]),
     (Case([node("MaxPool", ["x"], kernel_shape=[2, 2], storage_order=1)], NCHW, 11),
@@ -317,7 +317,7 @@ def test_unnamed_node_is_named_by_its_output() -> None:
     (Case([node("Concat", ["x", "x"])], {"x": (2, 3)}, 13), ["Concat", "concat_0", "axis"]),
     (Case([node("Concat", ["x", "x"], axis=5)], {"x": (2, 3)}, 13),
      ["Concat", "axis 5 out of range"]),
-], ids=["pad_wrap", "maxpool_indices_used", "storage_order", "matmul_bad_batch",
+], ids=["pad_runtime_pads", "maxpool_indices_used", "storage_order", "matmul_bad_batch",
         "bad_broadcast", "bad_reshape", "hardmax", "opset_99", "conv3d", "concat_no_axis",
         "concat_bad_axis"])
 def test_unsupported_forms_are_refused_by_name(case: Case, words: list[str]) -> None:

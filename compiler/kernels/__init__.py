@@ -14,7 +14,17 @@ from collections.abc import Callable
 
 from compiler.ir import CONST, INPUT, Node
 from compiler.ir.ops import ALIAS_OPS
-from compiler.kernels import conv2d, elementwise, image, lrn, matmul, movement, pool, reduce, softmax
+from compiler.kernels import (
+    conv2d,
+    elementwise,
+    image,
+    lrn,
+    matmul,
+    movement,
+    pool,
+    reduce,
+    softmax,
+)
 from compiler.kernels.common import NoKernelError, check_operands, describe
 from compiler.templates.base import DIALECTS, Kernel
 from compiler.templates.prelude import with_prelude

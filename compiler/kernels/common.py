@@ -6,11 +6,12 @@ import math
 import re
 from collections.abc import Sequence
 
-import numpy as np
-
 from compiler.ir import Node
 from compiler.templates.base import Buffer, Epilogue, Kernel
-from compiler.templates.emit import C_TYPES, indent, signature
+from compiler.templates.emit import (
+    c_float as c_float,  # re-exported: the plain kernels take their helpers from here
+)
+from compiler.templates.emit import indent, signature
 
 BLOCK = 128
 # Indices are C ints: every tensor a kernel touches must stay below 2**31 elements.
@@ -25,15 +26,21 @@ def describe(node: Node) -> str:
     return f"{node.op} {node.name or '(unnamed)'}"
 
 
-# ops whose plain kernels also take the integer dtypes of quantized graphs
+# ops whose plain kernels also take the integer dtypes of quantized graphs (and
+# image.resize and take their int32 index tables)
 INTEGER_OPS = frozenset({"add", "subtract", "multiply", "nn.relu", "nn.bias_add", "clip",
-                         "cast", "right_shift", "fused.elementwise", "copy"})
+                         "cast", "right_shift", "fused.elementwise", "copy", "abs",
+                         "negative", "maximum", "minimum", "power", "equal", "greater",
+                         "less", "where", "image.resize", "take"})
+# ops whose plain kernels also take bool tensors (comparisons' results, Where's condition)
+BOOL_OPS = frozenset({"equal", "greater", "less", "where", "cast", "copy"})
 
 
 def check_operands(node: Node) -> None:
-    """float32 (int8 / int32 too for ``INTEGER_OPS``) and 32-bit indexable, or
-    NoKernelError."""
-    allowed = tuple(C_TYPES) if node.op in INTEGER_OPS else ("float32",)
+    """float32 (int8 / int32 too for ``INTEGER_OPS``, bool for ``BOOL_OPS``) and 32-bit
+    indexable, or NoKernelError."""
+    allowed = ("float32", *(("int32", "int8") if node.op in INTEGER_OPS else ()),
+               *(("bool",) if node.op in BOOL_OPS else ()))
     for ty in (*(a.ty for a in node.inputs), node.ty):
         if ty.dtype not in allowed:
             raise NoKernelError(f"{describe(node)}: no kernel for dtype {ty.dtype} "
@@ -54,16 +61,6 @@ def epilogue_of(node: Node) -> tuple[Epilogue, list[str]]:
 
 def entry_name(node: Node) -> str:
     return re.sub(r"[^0-9A-Za-z]+", "_", node.op) + "_kernel"
-
-
-def c_float(value: float) -> str:
-    """A C float literal that reads back as the same float32 (infinities and NaN too)."""
-    v = float(np.float32(value))
-    if math.isnan(v):
-        return "(0.0f / 0.0f)"
-    if math.isinf(v):
-        return "(1.0f / 0.0f)" if v > 0 else "(-1.0f / 0.0f)"
-    return f"{v!r}f"
 
 
 def strides(shape: Sequence[int]) -> list[int]:
@@ -106,7 +103,9 @@ def per_item(node: Node, names: Sequence[str], total: int, body: Sequence[str],
     entry = entry_name(node)
     dtypes = {name: arg.ty.dtype for name, arg in zip(names, node.inputs)}
     dtypes["out"] = node.ty.dtype
-    lines = [
+    # no items (a zero-size tensor): an empty body, which never runs anyway; the body's
+    # index arithmetic would divide by the zero-size dims (compilers warn on x / 0)
+    lines = [signature(entry, names, "out", dtypes) + " {", "}"] if total == 0 else [
         signature(entry, names, "out", dtypes) + " {",
         f"  const int i = BLOCK_X * {block} + THREAD_X;",
         f"  if (i >= {total}) return;",

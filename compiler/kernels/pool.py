@@ -1,46 +1,57 @@
-"""Pooling: one work-item per output element walks its (dilated) window; global
-average pooling: one work-item per (n, c) plane."""
+"""Pooling: one work-item per output element walks its (dilated) window, for any number
+of spatial dims (2-D and 3-D ops); global average pooling: one work-item per (n, c)
+plane."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from compiler.ir import Node
-from compiler.kernels.common import c_float, per_item
+from compiler.kernels.common import c_float, per_item, strides
 from compiler.templates.base import Kernel
 
 
-def _window(node: Node) -> tuple[list[str], str, str]:
-    """Lines locating the output element's window, and the C loops' row/column offsets."""
-    _, _, h, w = node.inputs[0].ty.shape
-    _, _, oh, ow = node.ty.shape
-    (sh, sw), (dh, dw) = node.attrs["strides"], node.attrs["dilation"]
-    pt, pl, _, _ = node.attrs["padding"]
-    head = [
-        f"const int ox = i % {ow}, oy = (i / {ow}) % {oh}, plane = i / {ow * oh};",
-        f"const GLOBAL float* src = data + plane * {h * w};",
-    ]
-    return head, f"oy * {sh} - {pt} + ky * {dh}", f"ox * {sw} - {pl} + kx * {dw}"
+def _window(node: Node) -> tuple[list[str], list[str], str]:
+    """Lines locating the output element's window (``o{d}``: its output coordinates,
+    ``src``: its plane), each spatial dim's C input coordinate over tap ``k{d}``, and the
+    offset of input position ``x0 .. x{r-1}`` in the plane."""
+    spatial = node.inputs[0].ty.shape[2:]
+    out = node.ty.shape[2:]
+    rank = len(spatial)
+    st, dil, pad = node.attrs["strides"], node.attrs["dilation"], node.attrs["padding"]
+    head = [f"const int o{d} = ({f'i / {s}' if s != 1 else 'i'}) % {out[d]};"
+            for d, s in enumerate(strides(out))]
+    head += [f"const GLOBAL float* src = data + (i / {math.prod(out)}) * {math.prod(spatial)};"]
+    coords = [f"o{d} * {st[d]} - {pad[d]} + k{d} * {dil[d]}" for d in range(rank)]
+    offset = " + ".join(f"x{d} * {s}" if s != 1 else f"x{d}"
+                        for d, s in enumerate(strides(spatial)))
+    return head, coords, offset
+
+
+def _nest(node: Node, inner: list[str]) -> list[str]:
+    """``inner`` inside one loop per spatial dim over the window's taps inside the input
+    (``x{d}``: the input coordinate)."""
+    spatial = node.inputs[0].ty.shape[2:]
+    kernel = node.attrs["pool_size"]
+    _, coords, _ = _window(node)
+    lines = list(inner)
+    for d in reversed(range(len(spatial))):
+        lines = [f"for (int k{d} = 0; k{d} < {kernel[d]}; ++k{d}) {{",
+                 f"  const int x{d} = {coords[d]};",
+                 f"  if (x{d} < 0 || x{d} >= {spatial[d]}) continue;",
+                 *["  " + line for line in lines], "}"]
+    return lines
 
 
 def max_pool(node: Node) -> Kernel:
     """Padding never wins (it is -inf, as in the IR); a NaN in the window propagates."""
-    _, _, h, w = node.inputs[0].ty.shape
-    kh, kw = node.attrs["pool_size"]
-    head, row, col = _window(node)
+    head, _, offset = _window(node)
     body = [
         *head,
         f"float acc = {c_float(float('-inf'))};",
-        f"for (int ky = 0; ky < {kh}; ++ky) {{",
-        f"  const int iy = {row};",
-        f"  if (iy < 0 || iy >= {h}) continue;",
-        f"  for (int kx = 0; kx < {kw}; ++kx) {{",
-        f"    const int ix = {col};",
-        f"    if (ix < 0 || ix >= {w}) continue;",
-        f"    const float v = src[iy * {w} + ix];",
-        "    acc = (v > acc || v != v) ? v : acc;",
-        "  }",
-        "}",
+        *_nest(node, [f"const float v = src[{offset}];",
+                      "acc = (v > acc || v != v) ? v : acc;"]),
         "out[i] = acc;",
     ]
     return per_item(node, ("data",), node.ty.size, body)
@@ -48,32 +59,25 @@ def max_pool(node: Node) -> Kernel:
 
 def avg_pool(node: Node) -> Kernel:
     """The divisor counts window taps inside the input, or (count_include_pad) inside the
-    declared padding too, but never the ceil-mode overhang past it."""
-    _, _, h, w = node.inputs[0].ty.shape
-    kh, kw = node.attrs["pool_size"]
-    pt, pl, pb, pr = node.attrs["padding"]
-    if node.attrs["count_include_pad"]:
-        (y_lo, y_hi), (x_lo, x_hi) = (-pt, h + pb), (-pl, w + pr)
-    else:
-        (y_lo, y_hi), (x_lo, x_hi) = (0, h), (0, w)
-    head, row, col = _window(node)
+    declared padding too, but never the ceil-mode overhang past it: per dim, then their
+    product."""
+    spatial = node.inputs[0].ty.shape[2:]
+    rank = len(spatial)
+    kernel, pad = node.attrs["pool_size"], node.attrs["padding"]
+    include = node.attrs["count_include_pad"]
+    head, coords, offset = _window(node)
+    counts = []
+    for d in range(rank):
+        lo, hi = (-pad[d], spatial[d] + pad[rank + d]) if include else (0, spatial[d])
+        counts.append(f"for (int k{d} = 0; k{d} < {kernel[d]}; ++k{d}) {{ const int x{d} = "
+                      f"{coords[d]}; taps{d} += x{d} >= {lo} && x{d} < {hi}; }}")
     body = [
         *head,
-        "int rows = 0, cols = 0;",
-        f"for (int ky = 0; ky < {kh}; ++ky) {{ const int iy = {row};"
-        f" rows += iy >= {y_lo} && iy < {y_hi}; }}",
-        f"for (int kx = 0; kx < {kw}; ++kx) {{ const int ix = {col};"
-        f" cols += ix >= {x_lo} && ix < {x_hi}; }}",
+        *[f"int taps{d} = 0;" for d in range(rank)],
+        *counts,
         "float sum = 0.0f;",
-        f"for (int ky = 0; ky < {kh}; ++ky) {{",
-        f"  const int iy = {row};",
-        f"  if (iy < 0 || iy >= {h}) continue;",
-        f"  for (int kx = 0; kx < {kw}; ++kx) {{",
-        f"    const int ix = {col};",
-        f"    if (ix >= 0 && ix < {w}) sum += src[iy * {w} + ix];",
-        "  }",
-        "}",
-        "out[i] = sum / (float)(rows * cols);",
+        *_nest(node, [f"sum += src[{offset}];"]),
+        f"out[i] = sum / (float)({' * '.join(f'taps{d}' for d in range(rank))});",
     ]
     return per_item(node, ("data",), node.ty.size, body)
 
@@ -92,5 +96,7 @@ def global_avg_pool(node: Node) -> Kernel:
 KERNELS: dict[str, Callable[[Node], Kernel]] = {
     "nn.max_pool2d": max_pool,
     "nn.avg_pool2d": avg_pool,
+    "nn.max_pool3d": max_pool,
+    "nn.avg_pool3d": avg_pool,
     "nn.global_avg_pool2d": global_avg_pool,
 }

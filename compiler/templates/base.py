@@ -12,14 +12,38 @@ from typing import Any
 
 import numpy as np
 
+from compiler.templates.activations import ACTIVATIONS, activation_c, activation_np
 from compiler.templates.prelude import with_prelude
 from compiler.templates.space import ConfigError, ConfigSpace, OtherKnob, SplitKnob
 from schemas import Config, DeviceLimits, Workload
 
 DIALECTS = ("cuda", "opencl")
-EPILOGUE_OPS = ("bias", "relu", "add", "shift")
+# an epilogue's activations (``ACTIVATIONS``) are written "name:p1:p2" in
+# ``Epilogue.ops``: "clip:0.0:6.0", "leaky_relu:0.1"
+EPILOGUE_OPS = ("bias", "add", "shift", *ACTIVATIONS)
 # int8 activations are clipped to the symmetric range TVM's qconfig gives nbit 8
 INT8_MIN, INT8_MAX = -127, 127
+
+
+def activation(name: str, *params: float) -> str:
+    """An epilogue op naming an activation and its parameters, each as the float32 value
+    the kernels use (written without "+", which ``Epilogue.parse`` splits on)."""
+    return ":".join([name, *(repr(float(np.float32(p))).replace("+", "") for p in params)])
+
+
+def _split_op(op: str) -> tuple[str, tuple[float, ...]]:
+    """An epilogue op's name and parameters; ValueError when it is not one."""
+    name, *params = op.split(":")
+    if name not in EPILOGUE_OPS:
+        raise ValueError(f"epilogue op {op!r} is not one of {', '.join(EPILOGUE_OPS)}")
+    want = ACTIVATIONS.get(name, 0)
+    try:
+        values = tuple(float(p) for p in params)
+    except ValueError:
+        raise ValueError(f"epilogue op {op!r}: parameters must be numbers") from None
+    if len(values) != want:
+        raise ValueError(f"epilogue op {op!r}: {name} takes {want} parameter(s)")
+    return name, values
 
 
 class WorkloadError(ValueError):
@@ -31,12 +55,16 @@ class Epilogue:
     """Element-wise ops fused after the main computation, applied in order.
 
     ``bias`` adds a per-output-channel vector, ``add`` a tensor of the output's shape
-    (a residual), ``relu`` clamps at zero: conv + bias + relu (+ add) in one kernel.
-    Integer (quantized) kernels also take ``shift``, the requantize step: a rounding
-    arithmetic right shift by ``shift`` bits, ``(v + 2**(shift-1)) >> shift``; and
-    ``out_dtype`` "int8" stores the result clipped to [-127, 127] instead of the
-    template's own output dtype (int32 accumulators). Their bias is int32 and their
-    residual is ``residual_dtype`` (int8 or int32; unset: the stored dtype).
+    (a residual): conv + bias + activation (+ add) in one kernel. The activations
+    (``ACTIVATIONS``) are ``relu``, ``clip:lo:hi``, ``leaky_relu:alpha``,
+    ``hard_sigmoid:alpha:beta`` (clamp(alpha * x + beta, 0, 1)), ``hard_swish``
+    (x * hard_sigmoid(x) with 1/6, 1/2) and ``silu`` (x * sigmoid(x)); ``activation``
+    writes them. Integer (quantized) kernels take ``relu`` of those, and ``shift``, the
+    requantize step: a rounding arithmetic right shift by ``shift`` bits,
+    ``(v + 2**(shift-1)) >> shift``; and ``out_dtype`` "int8" stores the result clipped
+    to [-127, 127] instead of the template's own output dtype (int32 accumulators).
+    Their bias is int32 and their residual is ``residual_dtype`` (int8 or int32; unset:
+    the stored dtype).
     """
 
     ops: tuple[str, ...] = ()
@@ -46,8 +74,7 @@ class Epilogue:
 
     def __post_init__(self) -> None:
         for op in self.ops:
-            if op not in EPILOGUE_OPS:
-                raise ValueError(f"epilogue op {op!r} is not one of {', '.join(EPILOGUE_OPS)}")
+            _split_op(op)
         if any(self.ops.count(op) > 1 for op in ("bias", "add", "shift")):
             raise ValueError("epilogue: bias, add and shift may each appear once")
         if ("shift" in self.ops) != (self.shift > 0):
@@ -60,19 +87,25 @@ class Epilogue:
 
     @classmethod
     def parse(cls, text: str) -> Epilogue:
-        return cls(tuple(op for op in text.replace("+", ",").split(",") if op.strip()))
+        return cls(tuple(op.strip() for op in text.replace("+", ",").split(",") if op.strip()))
+
+    @property
+    def vectorizable(self) -> bool:
+        """Only bias, add and relu: what vector-typed stores apply without unpacking lanes."""
+        return all(op in ("bias", "add", "relu") for op in self.ops)
 
     def c_expr(self, value: str, bias: str, residual: str) -> str:
         """The epilogue as a C expression over ``value`` (float kernels)."""
         for op in self.ops:
-            if op == "bias":
+            name, params = _split_op(op)
+            if name == "bias":
                 value = f"({value} + {bias})"
-            elif op == "add":
+            elif name == "add":
                 value = f"({value} + {residual})"
-            elif op == "relu":
-                value = f"fmax({value}, 0.0f)"
-            else:
+            elif name == "shift":
                 raise ValueError("the shift op is for integer kernels")
+            else:
+                value = activation_c(name, params, value)
         return value
 
     def int_c_expr(self, value: str, bias: str, residual: str) -> str:
@@ -85,8 +118,10 @@ class Epilogue:
                 value = f"({value} + (int)({residual}))"
             elif op == "relu":
                 value = f"max({value}, 0)"
-            else:
+            elif op == "shift":
                 value = f"(({value} + {1 << (self.shift - 1)}) >> {self.shift})"
+            else:
+                raise ValueError(f"epilogue op {op!r} is for float kernels")
         return value
 
     def int_store(self, value: str, out_dtype: str) -> str:
@@ -100,17 +135,18 @@ class Epilogue:
         if np.issubdtype(out.dtype, np.integer):
             return self._apply_int(out.astype(np.int64), bias, residual, channel_axis)
         for op in self.ops:
-            if op == "bias":
+            name, params = _split_op(op)
+            if name == "bias":
                 assert bias is not None
                 shape = [1] * out.ndim
                 shape[channel_axis] = -1
                 out = out + bias.reshape(shape)
-            elif op == "add":
+            elif name == "add":
                 out = out + residual
-            elif op == "relu":
-                out = np.maximum(out, 0)
-            else:
+            elif name == "shift":
                 raise ValueError("the shift op is for integer kernels")
+            else:
+                out = activation_np(name, params, out)
         return out.astype(np.float32)
 
     def _apply_int(self, out: np.ndarray, bias: np.ndarray | None,
@@ -127,8 +163,10 @@ class Epilogue:
                 out = out + residual.astype(np.int64)
             elif op == "relu":
                 out = np.maximum(out, 0)
-            else:
+            elif op == "shift":
                 out = (out + (1 << (self.shift - 1))) >> self.shift
+            else:
+                raise ValueError(f"epilogue op {op!r} is for float kernels")
         if self.out_dtype == "int8":
             return np.clip(out, INT8_MIN, INT8_MAX).astype(np.int8)
         return out.astype(np.int32)

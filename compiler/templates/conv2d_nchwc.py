@@ -546,7 +546,8 @@ class _Source:
     def store_vectors(self) -> list[str]:
         """NCHW[oc_bn]c output: a pixel's oc_bn channels are contiguous, one vector store
         per accumulator. The epilogue runs on vectors unless the residual is blocked
-        differently; then it is applied lane by lane before the store."""
+        differently or it has activations other than relu; then it is applied lane by
+        lane before the store."""
         op, p, io = self.op, self.p, self.io
         bn, rb = p.oc_bn, io.residual_block
         ops = self.epilogue.ops
@@ -554,7 +555,7 @@ class _Source:
         lines = [f"GLOBAL float* po = out + {base};"]
         if "bias" in ops:
             lines.append(f"GLOBAL const float* pb = bias + kb * {bn};")
-        lane_wise = "add" in ops and rb != bn
+        lane_wise = ("add" in ops and rb != bn) or not self.epilogue.vectorizable
         if "add" in ops and not lane_wise:
             lines.append(f"GLOBAL const float* pr = residual + {base};")
         for i in range(p.oh_f):

@@ -52,7 +52,15 @@ from compiler.templates.base import (
     unroll_knobs,
     warp_efficiency,
 )
-from compiler.templates.emit import AUTO, VTHREAD, Unroll, indent, loop_nest, signature
+from compiler.templates.emit import (
+    AUTO,
+    VTHREAD,
+    Unroll,
+    c_float,
+    indent,
+    loop_nest,
+    signature,
+)
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigError, ConfigSpace, SplitKnob
 from schemas import Config, Workload
@@ -190,11 +198,6 @@ def winograd_numpy(op: WinogradOp, data: np.ndarray, packed: np.ndarray) -> np.n
     return y[:, :, :op.oh, :op.ow]
 
 
-def _literal(value: float) -> str:
-    text = repr(float(np.float32(value)))
-    return text + "f"
-
-
 def _combine(coeffs: np.ndarray, names: list[str]) -> str:
     """sum_k coeffs[k] * names[k] as C, without the zero terms and the unit factors."""
     terms: list[str] = []
@@ -206,7 +209,7 @@ def _combine(coeffs: np.ndarray, names: list[str]) -> str:
         elif c == -1:
             term, sign = name, "-"
         else:
-            term, sign = f"{_literal(abs(c))} * {name}", "+" if c > 0 else "-"
+            term, sign = f"{c_float(abs(c))} * {name}", "+" if c > 0 else "-"
         if not terms:
             terms.append(term if sign == "+" else f"-{term}")
         else:

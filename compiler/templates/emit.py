@@ -1,9 +1,13 @@
-"""Small helpers for writing kernel C: loop nests that honour the unroll knobs."""
+"""Small helpers for writing kernel C: loop nests that honour the unroll knobs, C types
+and float literals."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 # How a loop is annotated in the schedule: virtual threads are always expanded in the
 # source (as TVM's vthread injection does), ``auto`` loops follow the auto-unroll knobs.
@@ -63,8 +67,19 @@ def indent(lines: list[str]) -> list[str]:
     return [("  " + line) if line and not line.startswith("#") else line for line in lines]
 
 
-# C element types of the IR's dtypes (INT8_T comes from the prelude: char / signed char)
-C_TYPES = {"float32": "float", "int32": "int", "int8": "INT8_T"}
+# C element types of the IR's dtypes (INT8_T and BOOL_T come from the prelude: char /
+# signed char, and unsigned char holding 0 or 1 as numpy's bool does)
+C_TYPES = {"float32": "float", "int32": "int", "int8": "INT8_T", "bool": "BOOL_T"}
+
+
+def c_float(value: float) -> str:
+    """A C float literal that reads back as the same float32 (infinities and NaN too)."""
+    v = float(np.float32(value))
+    if math.isnan(v):
+        return "(0.0f / 0.0f)"
+    if math.isinf(v):
+        return "(1.0f / 0.0f)" if v > 0 else "(-1.0f / 0.0f)"
+    return f"{v!r}f"
 
 
 def signature(entry: str, inputs: Sequence[str], output: str,

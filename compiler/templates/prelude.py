@@ -35,6 +35,8 @@ _OPENCL = """\
 #define VADD(a, b) ((a) + (b))
 #define VMAX(a, b) fmax((a), (b))
 #define VELEM(v, e) ((v).s##e)
+// bool tensors (masks, comparisons): one byte, 0 or 1, as numpy's bool
+#define BOOL_T unsigned char
 // int8 kernels: INT8_T the signed byte; DP4A(a, b, c) = c + the sum over j of byte j of a
 // times byte j of b, each sign-extended (4 int8 lanes packed little-endian in an int).
 #define INT8_T char
@@ -102,6 +104,7 @@ template <int N> __device__ __forceinline__ VecF<N> vec_max(VecF<N> a, VecF<N> b
 #define VELEM(v, e) ((v).s[0x##e])
 // int8 kernels (see the OpenCL prelude): DP4A is the dp4a instruction from sm_61 on.
 #define INT8_T signed char
+#define BOOL_T unsigned char
 #define INT8_LANE(x, j) (((((x) >> (8 * (j))) & 0xff) ^ 0x80) - 0x80)
 __device__ __forceinline__ int tuner_dp4a(int a, int b, int c) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610

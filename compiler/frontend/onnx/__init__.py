@@ -139,10 +139,13 @@ def import_onnx(model: str | os.PathLike[str] | onnx.ModelProto,
 
 
 def _summary(errors: list[str], opset: int) -> str:
-    if len(errors) == 1:
-        return errors[0]
-    lines = [f"{len(errors)} nodes cannot be imported (default domain opset {opset}):"]
-    lines += [f"  {error}" for error in errors]
+    """One error per line; the supported operators once, when an operator was the
+    problem."""
+    lines = errors if len(errors) == 1 else [
+        f"{len(errors)} nodes cannot be imported (default domain opset {opset}):",
+        *(f"  {error}" for error in errors)]
+    if any(error.endswith(": not supported") for error in errors):
+        lines.append(f"supported operators: {', '.join(SUPPORTED_OPS)}")
     return "\n".join(lines)
 
 
@@ -151,30 +154,30 @@ def _convert(imp: Importer, proto: onnx.NodeProto) -> str | None:
     node = OnnxNode.of(proto, imp.opset)
     if any(imp.values.get(name) is _FAILED for name in node.inputs if name):
         return _fail(imp, node, None)
+    where = f"{node.described} (opset {imp.opset})"
     if proto.domain not in DEFAULT_DOMAINS:
-        return _fail(imp, node, f"{node.described}: domain {proto.domain!r} is not "
-                                "supported; only the default ONNX domain (ai.onnx)")
+        return _fail(imp, node, f"{where}: domain {proto.domain!r} is not supported; only "
+                                "the default ONNX domain (ai.onnx)")
     convert = CONVERTERS.get(node.op_type)
     if convert is None:
         known = "an operator ONNX does not define" if not node.version else "not supported"
-        return _fail(imp, node, f"{node.described} (opset {imp.opset}): {known}; "
-                                f"supported: {', '.join(SUPPORTED_OPS)}")
+        return _fail(imp, node, f"{where}: {known}")
     try:
         results = convert(imp, node)
     except (NodeError, IRError) as err:
-        return _fail(imp, node, f"{node.described}: {err}")
+        return _fail(imp, node, f"{where}: {err}")
     except KeyError as err:  # a required attribute the model left out
-        return _fail(imp, node, f"{node.described}: missing attribute {err}")
+        return _fail(imp, node, f"{where}: missing attribute {err}")
     except (IndexError, ValueError) as err:  # numpy on malformed constants
-        return _fail(imp, node, f"{node.described}: {err}")
+        return _fail(imp, node, f"{where}: {err}")
     for index, name in enumerate(node.outputs):
         if index < len(results):
             if name:
                 imp.values[name] = results[index]
         elif name in imp.used:
-            return _fail(imp, node, f"{node.described}: output {index} ({name!r}) is used, "
-                                    f"but only the first {len(results)} output(s) of "
-                                    f"{node.op_type} are supported")
+            return _fail(imp, node, f"{where}: output {index} ({name!r}) is used, but only "
+                                    f"the first {len(results)} output(s) of {node.op_type} "
+                                    "are supported")
     return None
 
 

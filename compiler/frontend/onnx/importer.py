@@ -92,12 +92,6 @@ def shape_of(value: Value) -> tuple[int, ...]:
     return tuple(int(d) for d in value.shape) if isinstance(value, np.ndarray) else value.ty.shape
 
 
-def normalize_axis(axis: int, ndim: int) -> int:
-    if not -ndim <= axis < ndim:
-        raise NodeError(f"axis {axis} is out of range for {ndim} dimensions")
-    return axis % ndim
-
-
 class Importer:
     """The values made so far, keyed by ONNX name, and the builder that makes new ones."""
 

@@ -134,7 +134,6 @@ def expand_to_axis(vec: np.ndarray, ndim: int, axis: int) -> np.ndarray:
     return vec.reshape(shape)
 
 
-
 def evaluate_op(op: str, inputs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     return get_op(op).compute(inputs, attrs)
 

@@ -1,10 +1,12 @@
 """Element-wise ops (numpy broadcasting), per-channel bias and batch-norm, and the
-fused element-wise chain.
+fused element-wise chain. Activations that templates' epilogues also compute take their
+numpy semantics from compiler.templates.activations (where their C is too).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,8 +14,10 @@ import numpy as np
 from compiler.ir.graph import IRError
 from compiler.ir.ops.base import (
     NUMERIC,
+    Compute,
     OpDef,
     binary_infer,
+    broadcast_shape,
     check_axis,
     define,
     expand_to_axis,
@@ -24,6 +28,7 @@ from compiler.ir.ops.base import (
     same_float,
 )
 from compiler.ir.types import TensorType
+from compiler.templates.activations import activation_np
 
 ADD = define("add", binary_infer, keep_dtype(lambda x, a: x[0] + x[1]), (2, 2), elementwise=True)
 MULTIPLY = define("multiply", binary_infer, keep_dtype(lambda x, a: x[0] * x[1]), (2, 2),
@@ -32,11 +37,138 @@ define("subtract", binary_infer, keep_dtype(lambda x, a: x[0] - x[1]), (2, 2), e
 define("divide", binary_infer, keep_dtype(lambda x, a: x[0] / x[1]), (2, 2), elementwise=True)
 define("nn.relu", numeric, keep_dtype(lambda x, a: np.maximum(x[0], 0)), elementwise=True)
 define("nn.leaky_relu", same_float,
-    keep_dtype(lambda x, a: np.where(x[0] >= 0, x[0], x[0] * np.float32(a["alpha"]))),
+    keep_dtype(lambda x, a: activation_np("leaky_relu", (a["alpha"],), x[0])),
     elementwise=True, alpha=0.01)
-define("sigmoid", same_float, keep_dtype(lambda x, a: 1.0 / (1.0 + np.exp(-x[0].astype(np.float64)))),
-    elementwise=True)
 define("copy", lambda t, a: t[0], lambda x, a: x[0].copy(), elementwise=True)
+
+
+def _float64(fn: Callable[[np.ndarray, dict[str, Any]], np.ndarray]) -> Compute:
+    """A float op computed in float64, then rounded to the input dtype; domain errors
+    give NaN / inf silently, as the kernels do."""
+    def compute(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(xs[0].astype(np.float64), attrs)).astype(xs[0].dtype)
+    return compute
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.logaddexp(0.0, x)
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _gelu_approximate(attrs: dict[str, Any]) -> str:
+    if attrs["approximate"] not in ("none", "tanh"):
+        raise IRError(f"approximate must be 'none' or 'tanh', got {attrs['approximate']!r}")
+    return str(attrs["approximate"])
+
+
+def _gelu(x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+    if _gelu_approximate(attrs) == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def _gelu_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    _gelu_approximate(attrs)
+    return same_float(types, attrs)
+
+
+def _float_unary(name: str, fn: Callable[[np.ndarray], np.ndarray]) -> None:
+    define(name, same_float, _float64(lambda x, a: fn(x)), elementwise=True)
+
+
+_float_unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)))
+_float_unary("tanh", np.tanh)
+_float_unary("exp", np.exp)
+_float_unary("log", np.log)
+_float_unary("sqrt", np.sqrt)
+_float_unary("erf", _erf)
+_float_unary("softplus", _softplus)
+_float_unary("mish", lambda x: x * np.tanh(_softplus(x)))
+_float_unary("hard_swish", lambda x: activation_np("hard_swish", (), x))
+define("gelu", _gelu_infer, _float64(_gelu), elementwise=True, approximate="none")
+define("hard_sigmoid", same_float,
+    _float64(lambda x, a: activation_np("hard_sigmoid", (a["alpha"], a["beta"]), x)),
+    elementwise=True, alpha=0.2, beta=0.5)
+define("nn.elu", same_float,
+    _float64(lambda x, a: np.where(x > 0, x, np.float32(a["alpha"]) * np.expm1(x))),
+    elementwise=True, alpha=1.0)
+# the defaults are ONNX's (SELU's constants rounded to float32), as for every
+# activation here: the ONNX frontend passes only the attributes a node sets
+define("selu", same_float,
+    _float64(lambda x, a: np.float32(a["gamma"])
+             * np.where(x > 0, x, np.float32(a["alpha"]) * np.expm1(x))),
+    elementwise=True, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875)
+define("abs", numeric, keep_dtype(lambda x, a: np.abs(x[0])), elementwise=True)
+define("negative", numeric, keep_dtype(lambda x, a: np.negative(x[0])), elementwise=True)
+
+
+def _prelu_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    """The slope broadcasts to the data (ONNX's unidirectional broadcasting)."""
+    float_only(types)
+    data, slope = types
+    if broadcast_shape(data.shape, slope.shape) != data.shape:
+        raise IRError(f"slope of shape {list(slope.shape)} does not broadcast to the data's "
+                      f"{list(data.shape)}")
+    return data
+
+
+define("nn.prelu", _prelu_infer,
+    keep_dtype(lambda x, a: np.where(x[0] > 0, x[0], x[0] * x[1])), (2, 2), elementwise=True)
+
+
+def _numeric_binary(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    numeric(types, attrs)
+    return binary_infer(types, attrs)
+
+
+define("maximum", _numeric_binary, keep_dtype(lambda x, a: np.maximum(x[0], x[1])), (2, 2),
+    elementwise=True)
+define("minimum", _numeric_binary, keep_dtype(lambda x, a: np.minimum(x[0], x[1])), (2, 2),
+    elementwise=True)
+
+
+def _power_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    """Any numeric base and exponent; the result has the base's dtype (ONNX's Pow)."""
+    numeric(types, attrs)
+    base, exponent = types
+    return TensorType(broadcast_shape(base.shape, exponent.shape), base.dtype)
+
+
+def _power(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    # in float64: numpy refuses integers to negative integer powers, C's pow does not
+    with np.errstate(all="ignore"):
+        return np.power(xs[0].astype(np.float64), xs[1].astype(np.float64)).astype(xs[0].dtype)
+
+
+define("power", _power_infer, _power, (2, 2), elementwise=True)
+
+
+def _compare_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    """Operands of one dtype, a bool result: not ``elementwise`` (a fused chain keeps its
+    running value's type)."""
+    return TensorType(binary_infer(types, attrs).shape, "bool")
+
+
+define("equal", _compare_infer, lambda x, a: np.equal(x[0], x[1]), (2, 2))
+define("greater", _compare_infer, lambda x, a: np.greater(x[0], x[1]), (2, 2))
+define("less", _compare_infer, lambda x, a: np.less(x[0], x[1]), (2, 2))
+
+
+def _where_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    cond, x, y = types
+    if cond.dtype != "bool":
+        raise IRError(f"the condition must be bool, got {cond.dtype}")
+    if x.dtype != y.dtype:
+        raise IRError(f"dtypes differ: {x.dtype} and {y.dtype}")
+    return TensorType(broadcast_shape(cond.shape, x.shape, y.shape), x.dtype)
+
+
+define("where", _where_infer, lambda x, a: np.where(x[0], x[1], x[2]).astype(x[1].dtype), (3, 3))
+
+
 # Quantization (TVM v0.5's realize): round half away from zero as C's round() does,
 # clip, cast (float -> int truncates toward zero, as C), arithmetic right shift.
 def round_half_away(x: np.ndarray) -> np.ndarray:
@@ -65,10 +197,16 @@ def _clip(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
 define("clip", _clip_infer, _clip, elementwise=True, a_min=0.0, a_max=0.0)
 
 
+CASTABLE = (*NUMERIC, "bool")
+
+
 def _cast_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    numeric(types, attrs)
-    if attrs["dtype"] not in NUMERIC:
-        raise IRError(f"cannot cast to {attrs['dtype']!r}: one of {', '.join(NUMERIC)}")
+    """Between float32, the integers and bool: float -> int truncates toward zero (as C
+    and ONNX do), anything -> bool is ``!= 0``."""
+    for dtype in (types[0].dtype, attrs["dtype"]):
+        if dtype not in CASTABLE:
+            raise IRError(f"cannot cast {types[0].dtype} to {attrs['dtype']!r}: only between "
+                          f"{', '.join(CASTABLE)}")
     return TensorType(types[0].shape, attrs["dtype"])
 
 

@@ -1,8 +1,10 @@
-"""Convolution and dense (plain and with a fused epilogue), pooling, softmax and LRN.
+"""Convolution and dense (plain and with a fused epilogue), transposed convolution,
+batched matrix products, pooling (2-D and 3-D windows), softmax, log-softmax and LRN.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -11,9 +13,9 @@ from compiler.ir.graph import IRError
 from compiler.ir.ops.base import (
     Compute,
     Infer,
+    broadcast_shape,
     check_axis,
     define,
-    expand_to_axis,
     float_only,
     keep_dtype,
 )
@@ -89,16 +91,12 @@ DENSE = define("nn.dense", _dense_infer,
 # Inputs: data, weight, then bias if "bias" in epilogue, then residual if "add" in it.
 # An int8 conv (int32 accumulators) may also requantize: "shift" is a rounding right
 # shift by ``shift`` bits, and ``store_dtype`` "int8" stores the result clipped to
-# [-127, 127] (``templates.base.Epilogue`` holds the semantics). Its bias is int32 and
-# its residual int8 or int32.
-EPILOGUE_OPS = ("bias", "relu", "add", "shift")
+# [-127, 127] (``templates.base.Epilogue`` holds the semantics and the ops: bias, add,
+# shift and the activations). Its bias is int32 and its residual int8 or int32.
 
 
 def _epilogue_arity(attrs: dict[str, Any]) -> int:
-    ops = attrs["epilogue"]
-    for op in ops:
-        if op not in EPILOGUE_OPS:
-            raise IRError(f"epilogue op {op!r} is not one of {', '.join(EPILOGUE_OPS)}")
+    ops = fused_epilogue(attrs).ops
     return 2 + ("bias" in ops) + ("add" in ops)
 
 
@@ -132,6 +130,9 @@ def _fused_infer(base: Infer) -> Infer:
         integer = out.dtype == "int32"
         if not integer and (epilogue.shift or epilogue.out_dtype):
             raise IRError("shift and store_dtype are for int8 convolutions")
+        if integer and any(op not in ("bias", "add", "relu", "shift") for op in epilogue.ops):
+            raise IRError(f"epilogue {list(epilogue.ops)}: int8 convolutions take bias, add, "
+                          "relu and shift only")
         stored = TensorType(out.shape, epilogue.out_dtype or out.dtype)
         extra = iter(types[2:])
         if "bias" in epilogue.ops:
@@ -148,35 +149,116 @@ def _fused_infer(base: Infer) -> Infer:
     return infer
 
 
-def apply_epilogue(out: np.ndarray, extra: list[np.ndarray], ops: tuple[str, ...]) -> np.ndarray:
+def apply_epilogue(out: np.ndarray, extra: list[np.ndarray], ops: tuple[str, ...],
+                   shift: int = 0, store_dtype: str = "") -> np.ndarray:
+    """A conv / dense output through epilogue ``ops`` (bias, then residual, in ``extra``);
+    ``shift`` and ``store_dtype`` requantize an int32 output as the int8 kernels do."""
+    epilogue = fused_epilogue({"epilogue": ops, "shift": shift, "store_dtype": store_dtype})
     rest = iter(extra)
-    for op in ops:
-        if op == "bias":
-            out = out + expand_to_axis(next(rest), out.ndim, 1)
-        elif op == "add":
-            out = out + next(rest)
-        else:
-            out = np.maximum(out, 0)
-    return out.astype(np.float32)
+    bias = next(rest) if "bias" in epilogue.ops else None
+    residual = next(rest) if "add" in epilogue.ops else None
+    return epilogue.apply(out, bias, residual, 1)
 
 
 def _fused(base: Compute) -> Compute:
     def compute(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
-        inner = {k: v for k, v in attrs.items() if k not in _FUSED_ONLY}
-        out = base(xs[:2], inner)
-        if not np.issubdtype(out.dtype, np.integer):
-            return apply_epilogue(out, xs[2:], attrs["epilogue"])
-        epilogue = fused_epilogue(attrs)
-        extra = iter(xs[2:])
-        bias = next(extra) if "bias" in epilogue.ops else None
-        residual = next(extra) if "add" in epilogue.ops else None
-        return epilogue.apply(out, bias, residual, 1)
+        out = base(xs[:2], {k: v for k, v in attrs.items() if k not in _FUSED_ONLY})
+        return apply_epilogue(out, xs[2:], attrs["epilogue"], attrs.get("shift", 0),
+                              attrs.get("store_dtype", ""))
     return compute
 
 
 define("fused.conv2d", _fused_infer(CONV2D.infer), _fused(CONV2D.compute), (2, 4),
     epilogue=(), shift=0, store_dtype="", **dict(CONV2D.defaults))
 define("fused.dense", _fused_infer(DENSE.infer), _fused(DENSE.compute), (2, 4), epilogue=())
+
+
+# ---------------------------------------------------------------- transposed conv, batch matmul
+
+
+def _conv_transpose_infer(rank: int) -> Infer:
+    """data [n, c, *spatial], weight [c, o / groups, *kernel] (ONNX's and Relay's IOHW);
+    ``padding`` (every begin, then every end) crops the full output and may be negative
+    (extends it with zeros, as ONNX's output_shape can ask); ``output_padding`` adds
+    positions at each dim's end."""
+    def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        float_only(types)
+        data, weight = types
+        if data.ndim != 2 + rank or weight.ndim != 2 + rank:
+            raise IRError(f"expects {rank}-D data and weight, got {list(data.shape)} and "
+                          f"{list(weight.shape)}")
+        groups, c = attrs["groups"], data.shape[1]
+        if groups < 1 or c % groups or weight.shape[0] != c:
+            raise IRError(f"weight {list(weight.shape)} does not fit {c} input channels in "
+                          f"{groups} group(s)")
+        strides, dilation, extra = attrs["strides"], attrs["dilation"], attrs["output_padding"]
+        padding = attrs["padding"]
+        if not len(strides) == len(dilation) == len(extra) == rank or len(padding) != 2 * rank:
+            raise IRError(f"strides, dilation and output_padding need {rank} values and "
+                          f"padding {2 * rank}")
+        out = tuple(_conv_transpose_out(n, k, s, padding[d], padding[rank + d], dl, e)
+                    for d, (n, k, s, dl, e) in enumerate(zip(data.shape[2:], weight.shape[2:],
+                                                             strides, dilation, extra)))
+        if min(out) < 1:
+            raise IRError(f"padding {list(padding)} leaves no output")
+        return TensorType((data.shape[0], weight.shape[1] * groups) + out)
+    return infer
+
+
+def _conv_transpose_out(size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int,
+                       dilation: int, output_padding: int) -> int:
+    return stride * (size - 1) + output_padding + (kernel - 1) * dilation + 1 - pad_lo - pad_hi
+
+
+def _conv_transpose(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    """Each input position scatters its weighted kernel into the full output, which the
+    padding then crops (or extends)."""
+    data, weight = xs[0].astype(np.float64), xs[1].astype(np.float64)
+    rank = data.ndim - 2
+    out = _conv_transpose_infer(rank)([TensorType.of(xs[0]), TensorType.of(xs[1])],
+                                      attrs).shape
+    strides, dilation, padding = attrs["strides"], attrs["dilation"], attrs["padding"]
+    groups = attrs["groups"]
+    begin = padding[:rank]
+    # full-output coordinate u = output position + begin; the buffer starts at lo
+    lo = [min(0, b) for b in begin]
+    size = [max(s * (n - 1) + (k - 1) * d + 1, b + o) - low for s, n, k, d, b, o, low
+            in zip(strides, data.shape[2:], weight.shape[2:], dilation, begin, out[2:], lo)]
+    full = np.zeros(out[:2] + tuple(size))
+    cg, og = data.shape[1] // groups, weight.shape[1]
+    for g in range(groups):
+        part = data[:, g * cg:(g + 1) * cg]
+        for tap in itertools.product(*(range(k) for k in weight.shape[2:])):
+            w = weight[(slice(g * cg, (g + 1) * cg), slice(None), *tap)]
+            where = tuple(slice(t * d - low, t * d - low + s * (n - 1) + 1, s) for t, d, low, s, n
+                          in zip(tap, dilation, lo, strides, data.shape[2:]))
+            full[(slice(None), slice(g * og, (g + 1) * og), *where)] += np.moveaxis(
+                np.tensordot(part, w, axes=([1], [0])), -1, 1)
+    crop = tuple(slice(b - low, b - low + o) for b, low, o in zip(begin, lo, out[2:]))
+    return full[(slice(None), slice(None), *crop)].astype(np.float32)
+
+
+for _rank in (2, 3):
+    define(f"nn.conv{_rank}d_transpose", _conv_transpose_infer(_rank), _conv_transpose, (2, 2),
+           strides=(1,) * _rank, padding=(0,) * (2 * _rank), dilation=(1,) * _rank, groups=1,
+           output_padding=(0,) * _rank)
+
+
+def _batch_matmul_infer(types: list[TensorType], _attrs: dict[str, Any]) -> TensorType:
+    float_only(types)
+    a, b = types
+    if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-2]:
+        raise IRError(f"expects [..., m, k] and [..., k, n], got {list(a.shape)} and "
+                      f"{list(b.shape)}")
+    batch = broadcast_shape(a.shape[:-2], b.shape[:-2])
+    return TensorType(batch + (a.shape[-2], b.shape[-1]))
+
+
+# numpy's matmul on operands of rank >= 2 (batch dims broadcast); the frontend turns
+# 1-D operands into matrices
+define("nn.batch_matmul", _batch_matmul_infer,
+       lambda x, a: np.matmul(x[0].astype(np.float64), x[1].astype(np.float64)).astype(np.float32),
+       (2, 2))
 
 
 # ---------------------------------------------------------------- pooling, softmax, lrn
@@ -192,66 +274,78 @@ def pool_out(size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int, dila
     return out
 
 
-def _pool_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    float_only(types)
-    (data,) = types
-    if data.ndim != 4:
-        raise IRError(f"expects NCHW data, got {list(data.shape)}")
-    n, c, h, w = data.shape
-    (kh, kw), (sh, sw) = attrs["pool_size"], attrs["strides"]
-    pt, pl, pb, pr = attrs["padding"]
-    dh, dw = attrs["dilation"]
-    oh = pool_out(h, kh, sh, pt, pb, dh, attrs["ceil_mode"])
-    ow = pool_out(w, kw, sw, pl, pr, dw, attrs["ceil_mode"])
-    if oh < 1 or ow < 1:
-        raise IRError(f"window {kh}x{kw} does not fit the padded {h}x{w} input")
-    return TensorType((n, c, oh, ow))
+def _pool_infer(rank: int) -> Infer:
+    """Type inference of a ``rank``-D window pooling: data [n, c, *spatial]; ``padding``
+    is every begin, then every end (ONNX's order; 2-D: top, left, bottom, right)."""
+    def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        float_only(types)
+        (data,) = types
+        if data.ndim != 2 + rank:
+            raise IRError(f"expects {rank}-D data [n, c, {rank} spatial dims], got "
+                          f"{list(data.shape)}")
+        kernel, strides, dilation = attrs["pool_size"], attrs["strides"], attrs["dilation"]
+        padding = attrs["padding"]
+        if not len(kernel) == len(strides) == len(dilation) == rank or len(padding) != 2 * rank:
+            raise IRError(f"pool_size, strides and dilation need {rank} values and padding "
+                          f"{2 * rank}, got {kernel}, {strides}, {dilation} and {padding}")
+        spatial = data.shape[2:]
+        out = tuple(pool_out(spatial[d], kernel[d], strides[d], padding[d], padding[rank + d],
+                             dilation[d], attrs["ceil_mode"]) for d in range(rank))
+        if min(out) < 1:
+            raise IRError(f"window {list(kernel)} does not fit the padded {list(spatial)} input")
+        return TensorType(data.shape[:2] + out)
+    return infer
 
 
-def _windows(x: np.ndarray, attrs: dict[str, Any], out_hw: tuple[int, int],
+def _windows(x: np.ndarray, attrs: dict[str, Any], out: tuple[int, ...],
              fill: float) -> np.ndarray:
-    """All pooling windows as an array [n, c, oh, ow, kh, kw], padding filled."""
-    (kh, kw), (sh, sw), (dh, dw) = attrs["pool_size"], attrs["strides"], attrs["dilation"]
-    pt, pl, _, _ = attrs["padding"]
-    oh, ow = out_hw
-    need_h = (oh - 1) * sh + (kh - 1) * dh + 1
-    need_w = (ow - 1) * sw + (kw - 1) * dw + 1
-    h, w = x.shape[2:]
-    padded = np.full(x.shape[:2] + (max(need_h, h + pt), max(need_w, w + pl)), fill,
-                     dtype=np.float64)
-    padded[:, :, pt:pt + h, pl:pl + w] = x
-    out = np.empty(x.shape[:2] + (oh, ow, kh, kw), dtype=np.float64)
-    for ky in range(kh):
-        for kx in range(kw):
-            out[..., ky, kx] = padded[:, :, ky * dh:ky * dh + sh * (oh - 1) + 1:sh,
-                                      kx * dw:kx * dw + sw * (ow - 1) + 1:sw]
-    return out
+    """All pooling windows as an array [n, c, *out, taps], padding filled."""
+    kernel, strides, dilation = attrs["pool_size"], attrs["strides"], attrs["dilation"]
+    rank = len(kernel)
+    begin = attrs["padding"][:rank]
+    spatial = x.shape[2:]
+    size = tuple(max((o - 1) * s + (k - 1) * d + 1, n + p)
+                 for o, s, k, d, n, p in zip(out, strides, kernel, dilation, spatial, begin))
+    padded = np.full(x.shape[:2] + size, fill, dtype=np.float64)
+    padded[(slice(None), slice(None), *(slice(p, p + n) for p, n in zip(begin, spatial)))] = x
+    taps = []
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        taps.append(padded[(slice(None), slice(None),
+                            *(slice(t * d, t * d + s * (o - 1) + 1, s)
+                              for t, d, s, o in zip(tap, dilation, strides, out)))])
+    return np.stack(taps, axis=-1)
 
 
 def _max_pool(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
-    out_hw = _pool_infer([TensorType.of(xs[0])], attrs).shape[2:]
-    return _windows(xs[0], attrs, out_hw, -np.inf).max(axis=(4, 5)).astype(np.float32)
+    out = _pool_infer(len(attrs["pool_size"]))([TensorType.of(xs[0])], attrs).shape[2:]
+    return _windows(xs[0], attrs, out, -np.inf).max(axis=-1).astype(np.float32)
 
 
 def _avg_pool(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
-    out_hw = _pool_infer([TensorType.of(xs[0])], attrs).shape[2:]
-    total = _windows(xs[0], attrs, out_hw, 0.0).sum(axis=(4, 5))
-    h, w = xs[0].shape[2:]
+    rank = len(attrs["pool_size"])
+    out = _pool_infer(rank)([TensorType.of(xs[0])], attrs).shape[2:]
+    total = _windows(xs[0], attrs, out, 0.0).sum(axis=-1)
+    spatial, padding = xs[0].shape[2:], attrs["padding"]
     if attrs["count_include_pad"]:
         # the declared padding counts; window parts beyond it (ceil mode) do not
-        pt, pl, pb, pr = attrs["padding"]
-        area = np.ones((1, 1, h + pt + pb, w + pl + pr))
-        counts = _windows(area, {**attrs, "padding": (0, 0, 0, 0)}, out_hw, 0.0)
+        area = np.ones((1, 1, *(n + padding[d] + padding[rank + d]
+                                for d, n in enumerate(spatial))))
+        counts = _windows(area, {**attrs, "padding": (0,) * (2 * rank)}, out, 0.0)
     else:
-        counts = _windows(np.ones((1, 1, h, w)), attrs, out_hw, 0.0)
-    counts = counts.sum(axis=(4, 5))
-    return (total / counts).astype(np.float32)
+        counts = _windows(np.ones((1, 1, *spatial)), attrs, out, 0.0)
+    return (total / counts.sum(axis=-1)).astype(np.float32)
 
 
-_POOL_DEFAULTS = dict(pool_size=(1, 1), strides=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1),
-                      ceil_mode=False)
-define("nn.max_pool2d", _pool_infer, _max_pool, **_POOL_DEFAULTS)
-define("nn.avg_pool2d", _pool_infer, _avg_pool, count_include_pad=False, **_POOL_DEFAULTS)
+def _pool_defaults(rank: int) -> dict[str, Any]:
+    return dict(pool_size=(1,) * rank, strides=(1,) * rank, padding=(0,) * (2 * rank),
+                dilation=(1,) * rank, ceil_mode=False)
+
+
+# 2-D and 3-D pooling share one N-D definition (1-D is 2-D with H = 1 in the frontend)
+for _rank in (2, 3):
+    define(f"nn.max_pool{_rank}d", _pool_infer(_rank), _max_pool, **_pool_defaults(_rank))
+    define(f"nn.avg_pool{_rank}d", _pool_infer(_rank), _avg_pool, count_include_pad=False,
+           **_pool_defaults(_rank))
 
 
 def _global_pool_infer(types: list[TensorType], _attrs: dict[str, Any]) -> TensorType:
@@ -279,6 +373,16 @@ def _softmax(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
 
 
 define("nn.softmax", _axis_infer, _softmax, axis=-1)
+
+
+def _log_softmax(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    x = xs[0].astype(np.float64)
+    shifted = x - x.max(axis=attrs["axis"], keepdims=True)
+    return (shifted - np.log(np.exp(shifted).sum(axis=attrs["axis"], keepdims=True))
+            ).astype(np.float32)
+
+
+define("nn.log_softmax", _axis_infer, _log_softmax, axis=-1)
 
 
 def _lrn(xs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
