@@ -71,3 +71,21 @@ def test_tasks_lists_conv2d_and_depthwise(name: str, device: Device) -> None:
     assert any("conv2d" in t and t != DEPTHWISE for t in templates), templates
     if name.split(".")[0] in WITH_DEPTHWISE:
         assert DEPTHWISE in templates, templates
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_activations_fuse_into_conv_epilogues(exporter: str) -> None:
+    """ReLU6 (Clip 0..6), SiLU (x * sigmoid(x)) and HardSwish, as both exporters write
+    them, end up inside the conv kernels: no activation runs as a kernel of its own."""
+    from compiler.frontend import import_onnx
+    from compiler.passes import optimize
+
+    def epilogues(net: str) -> tuple[set[str], set[str]]:
+        graph = optimize(import_onnx(FIXTURES / f"{net}.{exporter}.onnx"))
+        ops = {n.op for n in graph.ops()}
+        return ops, {op for n in graph.ops() for op in n.attrs.get("epilogue", ())}
+
+    ops, fused = epilogues("mobilenet_v2")
+    assert "clip:0.0:6.0" in fused and "clip" not in ops
+    ops, fused = epilogues("efficientnet")
+    assert {"silu", "hard_swish"} <= fused and "hard_swish" not in ops

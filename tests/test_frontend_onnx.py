@@ -7,67 +7,25 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_cases import (
+    Case,
+    assert_imports_like_onnxruntime,
+    error,
+    ints,
+    node,
+    rand,
+    run_ort,
+)
 
 from compiler.frontend import FrontendError, import_onnx
 from compiler.ir import evaluate
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-
-
-@dataclass
-class Case:
-    """A one-graph model: its nodes, float inputs (name -> shape), outputs, opset, weights."""
-
-    nodes: list[onnx.NodeProto]
-    inputs: dict[str, tuple[int, ...]]
-    opset: int
-    outputs: Sequence[str] = ("y",)
-    weights: dict[str, np.ndarray] = field(default_factory=dict)
-
-    def model(self) -> onnx.ModelProto:
-        def info(name: str, shape: tuple[int, ...] | None) -> onnx.ValueInfoProto:
-            return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-
-        graph = helper.make_graph(
-            self.nodes, "case", [info(k, s) for k, s in self.inputs.items()],
-            [info(k, None) for k in self.outputs],
-            initializer=[numpy_helper.from_array(v, k) for k, v in self.weights.items()])
-        opsets = [helper.make_opsetid("", self.opset)]
-        try:
-            ir_version = helper.find_min_ir_version_for(opsets)
-        except ValueError:  # an opset this onnx does not know: the newest IR version
-            ir_version = onnx.IR_VERSION
-        return helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
-
-
-def rand(*shape: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def ints(*values: int) -> np.ndarray:
-    return np.array(values, dtype=np.int64)
-
-
-def node(op: str, inputs: Sequence[str], outputs: Sequence[str] = ("y",), **attrs: object
-         ) -> onnx.NodeProto:
-    return helper.make_node(op, list(inputs), list(outputs), name=f"{op.lower()}_0", **attrs)
-
-
-def run_ort(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    source = model if isinstance(model, str) else model.SerializeToString()
-    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 def unary(op: str, opset: int = 13, **attrs: object) -> Case:
@@ -236,15 +194,7 @@ CASES: dict[str, Case] = {
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_op_matches_onnxruntime(case: Case) -> None:
-    model = case.model()
-    feeds = {name: rand(*shape, seed=i + 10) for i, (name, shape) in enumerate(case.inputs.items())}
-    graph = import_onnx(model)
-    got = evaluate(graph, feeds)
-    want = run_ort(model, feeds)
-    assert len(got) == len(want)
-    for out, g, w in zip(graph.outputs, got, want):
-        assert out.ty.shape == w.shape
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    assert_imports_like_onnxruntime(case)
 
 
 def test_node_names_are_kept() -> None:
@@ -278,10 +228,6 @@ def test_dynamic_batch_dimension_is_one() -> None:
     assert import_onnx(opset13(graph)).inputs[0].ty.shape == (1, 3)
 
 
-def error(case: Case) -> str:
-    with pytest.raises(FrontendError) as info:
-        import_onnx(case.model())
-    return str(info.value)
 
 
 @pytest.mark.parametrize("op", ["Hardmax", "Einsum"])

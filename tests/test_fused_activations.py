@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 from onnx import helper
-from test_onnx_nn import model, node, rand
+from onnx_cases import model, node, rand
 
 from compiler.build_module import build, lower, select_layers
 from compiler.frontend import import_onnx

@@ -6,7 +6,6 @@ tensors included)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +13,8 @@ import onnx
 import pytest
 from conftest import needs_nvcc, nvcc_ptx
 from onnx import TensorProto
-from test_frontend_onnx import Case, error, rand, run_ort
-from test_frontend_onnx import node as unnamed_node
+from onnx_cases import Case, error, rand, run_ort
+from onnx_cases import named_node as node
 
 from compiler.build_module import build
 from compiler.frontend import import_onnx
@@ -27,13 +26,6 @@ from compiler.runtime import Device
 X = {"x": (2, 3, 4)}
 XZ = {"x": (2, 3, 4), "z": (3, 1)}
 
-
-def node(op: str, inputs: Sequence[str], outputs: Sequence[str] = ("y",), **attrs: object
-         ) -> onnx.NodeProto:
-    """A node named after its op and first output (names must be unique in a graph)."""
-    proto = unnamed_node(op, inputs, outputs, **attrs)
-    proto.name = f"{op.lower()}_{outputs[0]}"
-    return proto
 
 
 def unary(op: str, opset: int, **attrs: object) -> Case:

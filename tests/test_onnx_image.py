@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
-from test_frontend_onnx import Case, error, ints, node, rand, run_ort
+from onnx_cases import Case, error, ints, node, rand, run_ort
 
 from compiler.build_module import build
 from compiler.frontend import FrontendError, import_onnx

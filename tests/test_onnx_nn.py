@@ -13,9 +13,10 @@ import numpy as np
 import onnx
 import pytest
 from conftest import needs_nvcc, nvcc_ptx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 from onnx.reference import ReferenceEvaluator
-from test_frontend_onnx import run_ort
+from onnx_cases import model as _model
+from onnx_cases import node, rand, run_ort
 
 from compiler.build_module import build, lower, select_layers
 from compiler.frontend import FrontendError, import_onnx
@@ -27,30 +28,14 @@ from compiler.tasks import CONV_CPU, CONV_GPU
 from schemas import DeviceLimits, Target
 
 
-def rand(*shape: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
 def model(nodes: Sequence[onnx.NodeProto], inputs: dict[str, tuple[int, ...]], opset: int,
           weights: dict[str, np.ndarray] | None = None,
           outputs: Sequence[str] = ("y",)) -> onnx.ModelProto:
-    def info(name: str, shape: tuple[int, ...] | None, elem: int = TensorProto.FLOAT
-             ) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(name, elem, shape)
-
-    graph = helper.make_graph(
-        list(nodes), "case", [info(k, s) for k, s in inputs.items()],
-        [info(k, None, TensorProto.BOOL if k == "mask" else TensorProto.FLOAT)
-         for k in outputs],
-        initializer=[numpy_helper.from_array(v, k) for k, v in (weights or {}).items()])
-    opsets = [helper.make_opsetid("", opset)]
-    return helper.make_model(graph, opset_imports=opsets,
-                             ir_version=helper.find_min_ir_version_for(opsets))
+    """A case's model; an output named "mask" (Dropout's) is BOOL."""
+    return _model(nodes, inputs, opset, weights, outputs, bool_outputs=("mask",))
 
 
-def node(op: str, inputs: Sequence[str], outputs: Sequence[str] = ("y",), **attrs: object
-         ) -> onnx.NodeProto:
-    return helper.make_node(op, list(inputs), list(outputs), name=f"{op.lower()}_0", **attrs)
+
 
 
 def feeds_for(proto: onnx.ModelProto) -> dict[str, np.ndarray]:

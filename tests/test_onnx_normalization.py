@@ -11,7 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import needs_nvcc, nvcc_ptx
-from test_frontend_onnx import Case, error, ints, node, rand, run_ort
+from onnx_cases import (
+    Case,
+    assert_imports_like_onnxruntime,
+    error,
+    ints,
+    node,
+    rand,
+    run_ort,
+)
 
 from compiler.build_module import build
 from compiler.frontend import import_onnx
@@ -73,15 +81,7 @@ def feeds_for(case: Case) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_op_matches_onnxruntime(case: Case) -> None:
-    model = case.model()
-    feeds = feeds_for(case)
-    graph = import_onnx(model)
-    got = evaluate(graph, feeds)
-    want = run_ort(model, feeds)
-    assert len(got) == len(want)
-    for out, g, w in zip(graph.outputs, got, want):
-        assert out.ty.shape == w.shape
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    assert_imports_like_onnxruntime(case)
 
 
 def test_constant_reduction_is_computed_at_import() -> None:

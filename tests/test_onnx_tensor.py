@@ -6,65 +6,17 @@ constants folds at import, and what the IR cannot express is refused by name."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_cases import Case, assert_imports_like_onnxruntime, error, ints, run_ort
+from onnx_cases import named_node as node
 
 from compiler.build_module import build
 from compiler.frontend import FrontendError, import_onnx
 from compiler.ir import evaluate
 from compiler.runtime import Device
-
-
-@dataclass
-class Case:
-    """One graph: nodes, float inputs (name -> shape), opset, weights, float outputs."""
-
-    nodes: list[onnx.NodeProto]
-    inputs: dict[str, tuple[int, ...]]
-    opset: int
-    weights: dict[str, np.ndarray] = field(default_factory=dict)
-    outputs: Sequence[str] = ("y",)
-
-    def model(self) -> onnx.ModelProto:
-        def info(name: str, shape: tuple[int, ...] | None) -> onnx.ValueInfoProto:
-            return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-
-        graph = helper.make_graph(
-            self.nodes, "case", [info(k, s) for k, s in self.inputs.items()],
-            [info(k, None) for k in self.outputs],
-            initializer=[numpy_helper.from_array(v, k) for k, v in self.weights.items()])
-        opsets = [helper.make_opsetid("", self.opset)]
-        return helper.make_model(graph, opset_imports=opsets,
-                                 ir_version=helper.find_min_ir_version_for(opsets))
-
-    def feeds(self) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng(7)
-        return {k: rng.standard_normal(s).astype(np.float32) for k, s in self.inputs.items()}
-
-
-def node(op: str, inputs: Sequence[str], outputs: Sequence[str] = ("y",), **attrs: object
-         ) -> onnx.NodeProto:
-    return helper.make_node(op, list(inputs), list(outputs), name=f"{op.lower()}_{outputs[0]}",
-                            **attrs)
-
-
-def ints(*values: int) -> np.ndarray:
-    return np.array(values, dtype=np.int64)
-
-
-def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
 
 X = {"x": (3, 4, 5)}
 BIG = 2**62
@@ -80,7 +32,7 @@ def slice10(opset: int, starts: Sequence[int], ends: Sequence[int],
     if steps is not None:
         weights["t"] = ints(*steps)
         names.append("t")
-    return Case([node("Slice", names)], X, opset, weights)
+    return Case([node("Slice", names)], X, opset, weights=weights)
 
 
 def pad(opset: int, mode: str, pads: Sequence[int], axes: Sequence[int] | None = None,
@@ -94,7 +46,7 @@ def pad(opset: int, mode: str, pads: Sequence[int], axes: Sequence[int] | None =
         names += ["v" if value is not None else "", "a"]
     elif value is not None:
         names.append("v")
-    return Case([node("Pad", names, mode=mode)], {"x": (2, 3, 4)}, opset, weights)
+    return Case([node("Pad", names, mode=mode)], {"x": (2, 3, 4)}, opset, weights=weights)
 
 
 def split(opset: int, outputs: int, sizes: Sequence[int] | None = None, **attrs: object
@@ -104,11 +56,11 @@ def split(opset: int, outputs: int, sizes: Sequence[int] | None = None, **attrs:
     if sizes is not None and opset < 13:
         attrs["split"] = list(sizes)
     inputs = ["x", "s"] if weights else ["x"]
-    return Case([node("Split", inputs, names, **attrs)], {"x": (3, 7, 2)}, opset, weights, names)
+    return Case([node("Split", inputs, names, **attrs)], {"x": (3, 7, 2)}, opset, weights=weights, outputs=names)
 
 
 def gather(indices: np.ndarray, axis: int, opset: int = 13) -> Case:
-    return Case([node("Gather", ["x", "i"], axis=axis)], X, opset, {"i": indices})
+    return Case([node("Gather", ["x", "i"], axis=axis)], X, opset, weights={"i": indices})
 
 
 CASES: dict[str, Case] = {
@@ -125,7 +77,7 @@ CASES: dict[str, Case] = {
     "slice_default_axes_steps": slice10(13, [0, 1, 1], [2, 4, 5]),
     "slice_empty": Case([node("Slice", ["x", "s", "e"], ["z"]), node("Concat", ["x", "z"],
                                                                      axis=0)],
-                        X, 13, {"s": ints(2), "e": ints(1)}),
+                        X, 13, weights={"s": ints(2), "e": ints(1)}),
     "split_opset7_attr": split(7, 3, [1, 4, 2], axis=1),
     "split_opset11_negative_axis": split(11, 2, [1, 1], axis=-1),
     "split_opset13_input": split(13, 3, [2, 0, 5], axis=1),
@@ -146,13 +98,13 @@ CASES: dict[str, Case] = {
     "pad_opset19_wrap": pad(19, "wrap", [1, 2, 3, 1, 0, 2]),
     "pad_opset21_wrap_axes_crop": pad(21, "wrap", [3, -1, 0, 2], axes=[2, 0]),
     "expand_opset8_bidirectional": Case([node("Expand", ["x", "s"])], {"x": (3, 1)}, 8,
-                                        {"s": ints(2, 1, 4)}),
+                                        weights={"s": ints(2, 1, 4)}),
     "expand_same_shape": Case([node("Expand", ["x", "s"])], {"x": (3, 4)}, 13,
-                              {"s": ints(1, 1)}),
+                              weights={"s": ints(1, 1)}),
     "expand_lower_rank_target": Case([node("Expand", ["x", "s"])], {"x": (2, 1, 1)}, 13,
-                                     {"s": ints(3, 5)}),
-    "tile_opset7": Case([node("Tile", ["x", "r"])], {"x": (2, 3)}, 7, {"r": ints(3, 2)}),
-    "tile_opset13_ones": Case([node("Tile", ["x", "r"])], X, 13, {"r": ints(1, 2, 1)}),
+                                     weights={"s": ints(3, 5)}),
+    "tile_opset7": Case([node("Tile", ["x", "r"])], {"x": (2, 3)}, 7, weights={"r": ints(3, 2)}),
+    "tile_opset13_ones": Case([node("Tile", ["x", "r"])], X, 13, weights={"r": ints(1, 2, 1)}),
     "gather_axis0_scalar": gather(np.array(-1, dtype=np.int64), 0),
     "gather_axis1_matrix": gather(np.array([[0, 3], [-1, 1], [2, 2]], dtype=np.int64), 1, 11),
     "gather_last_axis": gather(ints(4, 0, -2), -1, 7),
@@ -173,7 +125,7 @@ CASES: dict[str, Case] = {
         node("Unsqueeze", ["n", "i"], ["u"]), node("Squeeze", ["u", "i"], ["w"]),
         node("Gather", ["w", "j"], axis=0)], X, 13),
     "identity_of_slice": Case([node("Slice", ["x", "s", "e"], ["z"]),
-                               node("Identity", ["z"])], X, 14, {"s": ints(1), "e": ints(3)}),
+                               node("Identity", ["z"])], X, 14, weights={"s": ints(1), "e": ints(3)}),
 }
 
 ON_DEVICE = ["slice_negative_steps", "slice_opset9_attrs", "slice_empty", "split_opset13_input",
@@ -184,16 +136,7 @@ ON_DEVICE = ["slice_negative_steps", "slice_opset9_attrs", "slice_empty", "split
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_op_matches_onnxruntime(name: str) -> None:
-    case = CASES[name]
-    model = case.model()
-    feeds = case.feeds()
-    graph = import_onnx(model)
-    got = evaluate(graph, feeds)
-    want = run_ort(model, feeds)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert_imports_like_onnxruntime(CASES[name])
 
 
 @pytest.mark.parametrize("name", ON_DEVICE)
@@ -230,7 +173,7 @@ def test_shape_arithmetic_folds_at_import() -> None:
         node("Tile", ["two", "two"], ["lead"]),
         node("Concat", ["lead", "n1", "hw"], ["big_shape"], axis=0),
         node("Expand", ["r", "big_shape"]),
-    ], X, 18, {"zero": np.array(0, dtype=np.int64), "axes": ints(0), "one": ints(1),
+    ], X, 18, weights={"zero": np.array(0, dtype=np.int64), "axes": ints(0), "one": ints(1),
                "big": ints(BIG), "minus": ints(-1), "two": ints(2)})
     graph = import_onnx(case.model())
     ops = [n.op for n in graph.ops()]
@@ -246,16 +189,12 @@ def test_gather_of_runtime_data_is_a_take_and_of_constants_an_array() -> None:
     assert take.op == "take" and indices.ty.dtype == "int32"
     np.testing.assert_array_equal(indices.value, [[0, 3], [3, 1], [2, 2]])
     folded = Case([node("Gather", ["w", "i"], ["g"], axis=1), node("Add", ["x", "g"])],
-                  {"x": (2,)}, 13, {"w": np.arange(6, dtype=np.float32).reshape(2, 3)
+                  {"x": (2,)}, 13, weights={"w": np.arange(6, dtype=np.float32).reshape(2, 3)
                                     .astype(np.int64), "i": np.array(-1, dtype=np.int64)})
     with pytest.raises(FrontendError, match="int64"):  # the fold happened: Add saw int64
         import_onnx(folded.model())
 
 
-def error(case: Case) -> str:
-    with pytest.raises(FrontendError) as info:
-        import_onnx(case.model())
-    return str(info.value)
 
 
 @pytest.mark.parametrize("case, words", [
@@ -266,10 +205,10 @@ def error(case: Case) -> str:
     (slice10(13, [0], [2], [0], [0]), ["Slice", "steps must not be 0"]),
     (slice10(13, [0, 0], [2, 2], [1, -2], [1, 1]), ["Slice", "repeat"]),
     (split(13, 2, [3, 3], axis=1), ["Split", "does not add up"]),
-    (Case([node("Expand", ["x", "s"])], {"x": (3, 2)}, 13, {"s": ints(4, 3)}),
+    (Case([node("Expand", ["x", "s"])], {"x": (3, 2)}, 13, weights={"s": ints(4, 3)}),
      ["Expand", "cannot broadcast"]),
     (gather(ints(5), 1), ["Gather", "indices must lie in [-4, 4)"]),
-    (Case([node("Tile", ["x", "r"])], X, 13, {"r": ints(2, 2)}), ["Tile", "one count"]),
+    (Case([node("Tile", ["x", "r"])], X, 13, weights={"r": ints(2, 2)}), ["Tile", "one count"]),
 ], ids=["pad_unknown_mode", "sparse_constant", "slice_step_0", "slice_repeated_axis",
         "split_bad_sizes", "expand_bad_shape", "gather_out_of_range", "tile_bad_repeats"])
 def test_unsupported_forms_are_refused_by_name(case: Case, words: list[str]) -> None:
