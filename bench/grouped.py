@@ -9,6 +9,7 @@ tuning), and onnxruntime's Conv on the same arrays.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--number", type=int, default=5)
     p.add_argument("--repeat", type=int, default=5)
     args = p.parse_args(argv)
+    logging.disable(logging.WARNING)  # every layer runs default configs: no need to say so
     device = open_device(args.device)
     print(f"# bench/grouped.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
     print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
