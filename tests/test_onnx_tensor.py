@@ -15,7 +15,7 @@ from onnx_cases import named_node as node
 
 from compiler.build_module import build
 from compiler.frontend import FrontendError, import_onnx
-from compiler.ir import evaluate
+from compiler.ir import GraphBuilder, evaluate
 from compiler.runtime import Device
 
 X = {"x": (3, 4, 5)}
@@ -215,3 +215,26 @@ def test_unsupported_forms_are_refused_by_name(case: Case, words: list[str]) -> 
     message = error(case)
     for word in words:
         assert word in message
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "bool"])
+def test_movement_kernels_move_any_dtype(device: Device, dtype: str) -> None:
+    """Quantized values and masks go through transpose, pad (constant and reflect),
+    slice, concatenate, tile and take on the device exactly as numpy moves them."""
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 4), dtype)
+    t = b.call("transpose", [x], "t", axes=(0, 2, 1))
+    p = b.call("nn.pad", [t], "p", pad_width=((0, 0), (1, 1), (0, 2)), pad_mode="reflect")
+    q = b.call("nn.pad", [p], "q", pad_width=((0, 0), (0, 0), (1, 0)), pad_value=1.0)
+    s = b.call("strided_slice", [q], "s", begin=(0, 0, 0), end=(2, 6, 6), strides=(1, 2, 1))
+    c = b.call("concatenate", [s, s], "c", axis=0)
+    r = b.call("tile", [c], "r", reps=(1, 2, 1))
+    g = b.call("take", [r, b.const(np.array([5, 0, 2], np.int32))], "g", axis=2)
+    graph = b.finish([g])
+    rng = np.random.default_rng(3)
+    high = 2 if dtype == "bool" else 100
+    data = rng.integers(-high + (dtype == "bool") * high, high, (2, 3, 4)).astype(dtype)
+    (want,) = evaluate(graph, [data])
+    (got,) = build(graph, device=device).run([data])
+    assert got.dtype == want.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, want)

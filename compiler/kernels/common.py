@@ -26,14 +26,18 @@ def describe(node: Node) -> str:
     return f"{node.op} {node.name or '(unnamed)'}"
 
 
+# data movement copies elements whatever their type: quantized (int8 / int32) values and
+# masks (bool) move through the same kernels as float32
+MOVEMENT_OPS = frozenset({"concatenate", "transpose", "nn.pad", "strided_slice", "tile",
+                          "broadcast_to", "take"})
 # ops whose plain kernels also take the integer dtypes of quantized graphs (and
-# image.resize and take their int32 index tables)
+# image.resize's and take's int32 index tables)
 INTEGER_OPS = frozenset({"add", "subtract", "multiply", "nn.relu", "nn.bias_add", "clip",
                          "cast", "right_shift", "fused.elementwise", "copy", "abs",
                          "negative", "maximum", "minimum", "power", "equal", "greater",
-                         "less", "where", "image.resize", "take"})
+                         "less", "where", "image.resize"}) | MOVEMENT_OPS
 # ops whose plain kernels also take bool tensors (comparisons' results, Where's condition)
-BOOL_OPS = frozenset({"equal", "greater", "less", "where", "cast", "copy"})
+BOOL_OPS = frozenset({"equal", "greater", "less", "where", "cast", "copy"}) | MOVEMENT_OPS
 
 
 def check_operands(node: Node) -> None:
