@@ -111,6 +111,9 @@ def list_opencl_devices() -> list[DeviceInfo]:
     return out
 
 
+OPTIONS = "-cl-std=CL1.2"
+
+
 class OpenCLDevice(Device):
     dialect = "opencl"
 
@@ -145,8 +148,7 @@ class OpenCLDevice(Device):
         key = hashlib.sha1(source.encode()).hexdigest()
         if key not in self._programs:
             try:
-                self._programs[key] = cl.Program(self.ctx, source).build(
-                    options=["-cl-std=CL1.2"])
+                self._programs[key] = _build(cl, self.ctx, source)
             except cl.Error as err:
                 raise BuildError(str(err)) from None
         return self._programs[key]
@@ -202,3 +204,19 @@ class OpenCLDevice(Device):
         except cl.Error as err:
             raise DeviceRuntimeError(str(err)) from None
         return (last.profile.end - first.profile.start) * 1e-9
+
+
+def _build(cl: Any, ctx: Any, source: str) -> Any:
+    """The built program. pyopencl's ``Program.build`` adds ``-I <its headers>``, a path
+    inside the virtual environment, to the options; where the driver caches builds by
+    source and options (PoCL), every new environment (a fresh clone, CI) would compile
+    every kernel again. Our kernels include nothing, so there we build the raw program
+    with our options alone; elsewhere pyopencl's own binary cache serves as before."""
+    from pyopencl.characterize import has_src_build_cache
+
+    raw_program = getattr(cl._cl, "_Program", None)
+    if raw_program is None or not has_src_build_cache(ctx.devices[0]):
+        return cl.Program(ctx, source).build(options=[OPTIONS])
+    raw = raw_program(ctx, source)
+    raw.build(OPTIONS.encode())
+    return cl.Program(raw)
