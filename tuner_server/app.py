@@ -19,6 +19,7 @@ from tuner_server.queue import make_queue
 from tuner_server.services.dispatch import workers_alive
 from tuner_server.services.metrics import Metrics
 from tuner_server.services.scheduler import PassStats, Scheduler
+from tuner_server.services.tokens import ensure_token
 from tuner_server.settings import Settings
 
 # The dashboard's static files ship inside the package (pyproject's package-data).
@@ -33,6 +34,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = make_engine(settings.database_url)
     check_schema(engine, settings.database_url)
     sessions = session_factory(engine)
+    if settings.worker_token:
+        with sessions.begin() as session:
+            ensure_token(session, settings.worker_token, "worker", "bootstrap")
     queue = make_queue(settings.queue_url, settings.redis_prefix)
     metrics = Metrics()
 

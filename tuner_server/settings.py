@@ -28,3 +28,6 @@ class Settings(BaseSettings):
     long_poll_seconds: float = 10.0
     scheduler_interval: float = 0.2
     run_scheduler: bool = True
+    # a fleet's bootstrap worker token (TUNER_WORKER_TOKEN): admitted at startup; it only
+    # registers workers, each of which gets a token of its own
+    worker_token: str | None = None

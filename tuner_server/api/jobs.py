@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
 from schemas import MeasureOptions, Target, Workload
-from tuner_server.api.deps import MAX_ID, PathId, get_session, require
+from tuner_server.api.deps import MAX_ID, Caller, PathId, get_session, require
 from tuner_server.search import DEFAULT_TUNER, TUNERS
 from tuner_server.services import jobs as svc
 
@@ -48,7 +48,7 @@ class TrialPage(BaseModel):
 
 @router.post("", response_model=JobCreated, status_code=201)
 def submit(body: JobRequest, session: Session = Depends(get_session),
-           _role: str = Depends(require("client"))) -> JobCreated:
+           _caller: Caller = Depends(require("client"))) -> JobCreated:
     spec = svc.JobSpec(target=body.target, workloads=body.tasks, n_trial=body.n_trial,
                        tuner=body.tuner, early_stopping=body.early_stopping,
                        plan_size=body.plan_size, measure=body.measure)
@@ -64,7 +64,7 @@ def submit(body: JobRequest, session: Session = Depends(get_session),
 def list_jobs(limit: int = Query(100, ge=1, le=1000),
               offset: int = Query(0, ge=0, le=MAX_ID),
               session: Session = Depends(get_session),
-              _role: str = Depends(require("client"))) -> list[dict[str, Any]]:
+              _caller: Caller = Depends(require("client"))) -> list[dict[str, Any]]:
     return svc.list_jobs(session, limit, offset)
 
 
@@ -72,7 +72,7 @@ def list_jobs(limit: int = Query(100, ge=1, le=1000),
 def get_job(job_id: PathId,
             curves: bool = Query(True, description="each task's tuning curve (improvements)"),
             session: Session = Depends(get_session),
-            _role: str = Depends(require("client"))) -> dict[str, Any]:
+            _caller: Caller = Depends(require("client"))) -> dict[str, Any]:
     job = svc.describe(session, job_id, with_curves=curves)
     if job is None:
         raise HTTPException(404, f"job {job_id} not found")
@@ -85,7 +85,7 @@ def task_trials(job_id: PathId, task_id: PathId,
                                           description="only trials stored after this one"),
                 limit: int = Query(svc.MAX_TRIAL_PAGE, ge=1, le=svc.MAX_TRIAL_PAGE),
                 session: Session = Depends(get_session),
-                _role: str = Depends(require("client"))) -> TrialPage:
+                _caller: Caller = Depends(require("client"))) -> TrialPage:
     try:
         page = svc.task_trials(session, job_id, task_id, after, limit)
     except svc.JobError as err:
@@ -98,7 +98,7 @@ def task_trials(job_id: PathId, task_id: PathId,
 
 @router.post("/{job_id}/cancel")
 def cancel(job_id: PathId, session: Session = Depends(get_session),
-           _role: str = Depends(require("client"))) -> dict[str, Any]:
+           _caller: Caller = Depends(require("client"))) -> dict[str, Any]:
     if not svc.cancel(session, job_id):
         raise HTTPException(404, f"job {job_id} not found")
     session.commit()

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.orm import Session
 
 from schemas import Target, Workload
-from tuner_server.api.deps import MAX_ID, get_session, require
+from tuner_server.api.deps import MAX_ID, Caller, get_session, require
 from tuner_server.services import records as svc
 
 router = APIRouter(prefix="/api/v1", tags=["records"])
@@ -88,7 +88,7 @@ def list_records(
     limit: int = Query(100, ge=1, le=10000),
     offset: int = Query(0, ge=0, le=MAX_ID),
     session: Session = Depends(get_session),
-    _role: str = Depends(require("client")),
+    _caller: Caller = Depends(require("client")),
 ) -> RecordPage:
     wl = None
     if workload is not None:
@@ -113,7 +113,7 @@ def search_records(
     limit: int = Query(100, ge=1, le=1000),
     offset: int = Query(0, ge=0, le=MAX_ID),
     session: Session = Depends(get_session),
-    _role: str = Depends(require("client")),
+    _caller: Caller = Depends(require("client")),
 ) -> RecordSearchPage:
     total, items = svc.search(session, _target(target) if target else None, template or None,
                               workload or None, best, limit, offset)
@@ -122,7 +122,7 @@ def search_records(
 
 @router.post("/records/best", response_model=BestResponse)
 def best_records(body: BestRequest, session: Session = Depends(get_session),
-                 _role: str = Depends(require("client", "worker"))) -> BestResponse:
+                 _caller: Caller = Depends(require("client", "worker"))) -> BestResponse:
     answers = svc.best(session, body.workloads, _target(body.target))
     return BestResponse(items=[
         BestItem(workload=a.workload, rule=a.rule,
@@ -134,7 +134,7 @@ def best_records(body: BestRequest, session: Session = Depends(get_session),
 def import_records(
     body: str = Body(..., media_type="text/plain", description="AutoTVM JSON lines"),
     session: Session = Depends(get_session),
-    _role: str = Depends(require("client")),
+    _caller: Caller = Depends(require("client")),
 ) -> ImportResponse:
     report = svc.import_lines(session, body.splitlines())
     session.commit()
@@ -145,7 +145,7 @@ def import_records(
 @router.get("/logs/{target:path}")
 def pretuned_log(target: str, session: Session = Depends(get_session),
                  if_none_match: str | None = Header(None),
-                 _role: str = Depends(require("client", "worker"))) -> Response:
+                 _caller: Caller = Depends(require("client", "worker"))) -> Response:
     lines, etag = svc.pretuned_log(session, _target(target))
     if if_none_match == etag:
         return Response(status_code=304, headers={"ETag": etag})

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, field_validator
 from sqlalchemy.orm import Session
 
 from schemas import DeviceLimits, MeasureResult, Target
-from tuner_server.api.deps import BodyId, PathId, get_session, require
+from tuner_server.api.deps import BodyId, Caller, PathId, get_session, require
 from tuner_server.services import dispatch, fleet
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
@@ -83,14 +83,14 @@ def _worker(session: Session, worker_id: int) -> Any:
 
 @router.get("", response_model=list[WorkerInfo])
 def list_workers(request: Request, session: Session = Depends(get_session),
-                 _role: str = Depends(require("client"))) -> list[WorkerInfo]:
+                 _caller: Caller = Depends(require("client"))) -> list[WorkerInfo]:
     stats = fleet.list_workers(session, request.app.state.settings.lease_seconds)
     return [WorkerInfo(**asdict(s)) for s in stats]
 
 
 @router.post("", status_code=201)
 def register(body: WorkerRegistration, session: Session = Depends(get_session),
-             _role: str = Depends(require("worker"))) -> dict[str, Any]:
+             _caller: Caller = Depends(require("worker"))) -> dict[str, Any]:
     worker_id = dispatch.register(session, body.name, body.target, body.limits, body.device)
     session.commit()
     return {"id": worker_id}
@@ -98,7 +98,7 @@ def register(body: WorkerRegistration, session: Session = Depends(get_session),
 
 @router.post("/{worker_id}/lease")
 async def lease(worker_id: PathId, body: LeaseRequest, request: Request,
-                _role: str = Depends(require("worker"))) -> dict[str, Any]:
+                _caller: Caller = Depends(require("worker"))) -> dict[str, Any]:
     app = request.app
     deadline = time.time() + body.wait_s
     while True:
@@ -123,7 +123,7 @@ def _lease_once(app: Any, worker_id: int, max_trials: int) -> list[dict[str, Any
 @router.post("/{worker_id}/heartbeat")
 def heartbeat(worker_id: PathId, body: TrialIds, request: Request,
               session: Session = Depends(get_session),
-              _role: str = Depends(require("worker"))) -> dict[str, int]:
+              _caller: Caller = Depends(require("worker"))) -> dict[str, int]:
     extended = dispatch.heartbeat(session, _worker(session, worker_id), body.trial_ids,
                                   request.app.state.settings.lease_seconds)
     session.commit()
@@ -133,7 +133,7 @@ def heartbeat(worker_id: PathId, body: TrialIds, request: Request,
 @router.post("/{worker_id}/results")
 def results(worker_id: PathId, body: Results, request: Request,
             session: Session = Depends(get_session),
-            _role: str = Depends(require("worker"))) -> dict[str, Any]:
+            _caller: Caller = Depends(require("worker"))) -> dict[str, Any]:
     counts = dispatch.report(session, _worker(session, worker_id),
                              [(r.trial_id, r.result, r.info) for r in body.results])
     session.commit()
@@ -146,7 +146,7 @@ def results(worker_id: PathId, body: Results, request: Request,
 @router.post("/{worker_id}/release")
 def release(worker_id: PathId, body: TrialIds, request: Request,
             session: Session = Depends(get_session),
-            _role: str = Depends(require("worker"))) -> dict[str, int]:
+            _caller: Caller = Depends(require("worker"))) -> dict[str, int]:
     trials = dispatch.release(session, _worker(session, worker_id), body.trial_ids)
     session.commit()
     request.app.state.queue.returned(trials)

@@ -51,6 +51,10 @@ class RecordRow(Base):
                                                  index=True)
     # set when the record is a trial's result: a trial is recorded at most once
     trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # "measured" (this fleet's trial) or "imported": an import never outranks a
+    # measurement of the same device
+    source: Mapped[str] = mapped_column(String(16), default="measured",
+                                        server_default="measured")
 
     __table_args__ = (
         # best lookup: walk one workload's good records cheapest first
@@ -72,6 +76,9 @@ class TokenRow(Base):
     role: Mapped[str] = mapped_column(String(16))
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    # the worker this token speaks for (a registration's token); null: any caller of its
+    # role (a worker token that only registers)
+    worker_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
 
 
 class JobRow(Base):
@@ -101,6 +108,7 @@ class TaskRow(Base):
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
     best_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
     best_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)  # trials_done then
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it failed
 
 
 class TrialRow(Base):
@@ -137,3 +145,5 @@ class WorkerRow(Base):
     last_seen: Mapped[float] = mapped_column(Float)
     # the device's own name ("NVIDIA H200"), when the worker says it
     device: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # when it deregistered (SIGTERM); null while it serves
+    stopped_at: Mapped[float | None] = mapped_column(Float, nullable=True)

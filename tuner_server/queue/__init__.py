@@ -3,7 +3,7 @@ every trial's state; a queue only decides who gets which queued trial next."""
 
 from __future__ import annotations
 
-from tuner_server.queue.base import DispatchQueue, queue_matches
+from tuner_server.queue.base import DispatchQueue, QueueUnavailable, queue_matches
 from tuner_server.queue.sql import SqlQueue
 
 
@@ -18,4 +18,4 @@ def make_queue(url: str | None, prefix: str = "tuner") -> DispatchQueue:
     raise ValueError(f"queue url {url!r}: expected 'sql' or redis://host:port/db")
 
 
-__all__ = ["DispatchQueue", "SqlQueue", "make_queue", "queue_matches"]
+__all__ = ["DispatchQueue", "QueueUnavailable", "SqlQueue", "make_queue", "queue_matches"]

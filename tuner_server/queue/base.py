@@ -26,8 +26,15 @@ def queue_name(job_target: Target) -> str:
     return f"{job_target.kind} -model={model}" if model else job_target.kind
 
 
+class QueueUnavailable(RuntimeError):
+    """The queue's backend does not answer (Redis down): a 503, not a 500."""
+
+
 class DispatchQueue(ABC):
     """Leases queued trials to workers; expired leases go back to the queue."""
+
+    def ping(self) -> None:
+        """Raise :class:`QueueUnavailable` unless the queue's backend answers."""
 
     @abstractmethod
     def pushed(self, trials: list[TrialRow]) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tuner_server.db.models import TrialRow
-from tuner_server.queue.base import DispatchQueue, take_many
+from tuner_server.queue.base import DispatchQueue, QueueUnavailable, take_many
 
 GROUP = "workers"
 
@@ -23,6 +23,12 @@ class RedisQueue(DispatchQueue):
         self._redis = redis.Redis.from_url(url, decode_responses=True)
         self._prefix = prefix
         self._groups: set[str] = set()
+
+    def ping(self) -> None:
+        try:
+            self._redis.ping()
+        except redis.RedisError as err:
+            raise QueueUnavailable(f"redis: {err}") from None
 
     def _stream(self, queue: str) -> str:
         return f"{self._prefix}:q:{queue}"

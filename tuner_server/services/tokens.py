@@ -1,11 +1,17 @@
-"""Bearer tokens with roles; only a token's SHA-256 is stored."""
+"""Bearer tokens with roles; only a token's SHA-256 is stored.
+
+A worker token with no worker (a fleet's bootstrap token, ``TUNER_WORKER_TOKEN``) may
+only register; each registration hands out a token bound to that one worker, and only
+that token (or an admin's) may lease, beat, report and release for it."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from tuner_server.db.models import TokenRow
@@ -13,17 +19,85 @@ from tuner_server.db.models import TokenRow
 ROLES = ("admin", "client", "worker")
 
 
+@dataclass(frozen=True)
+class TokenInfo:
+    id: int
+    name: str
+    role: str
+    worker_id: int | None  # the worker it speaks for; None: any of its role
+    created_at: datetime | None
+
+
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(session: Session, role: str, name: str = "") -> str:
+def _info(row: TokenRow) -> TokenInfo:
+    return TokenInfo(id=row.id, name=row.name, role=row.role, worker_id=row.worker_id,
+                     created_at=row.created_at)
+
+
+def create_token(session: Session, role: str, name: str = "",
+                 worker_id: int | None = None) -> str:
     if role not in ROLES:
         raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
     token = f"tun_{role}_{secrets.token_urlsafe(24)}"
-    session.add(TokenRow(name=name or role, role=role, token_sha256=_digest(token)))
+    session.add(TokenRow(name=name or role, role=role, token_sha256=_digest(token),
+                         worker_id=worker_id))
     return token
 
 
+def ensure_token(session: Session, token: str, role: str, name: str) -> bool:
+    """Admit a token chosen outside (the environment's bootstrap token); True if new."""
+    if role not in ROLES:
+        raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
+    if len(token) < 16:
+        raise ValueError(f"a {role} token from the environment must have at least 16 "
+                         f"characters (got {len(token)})")
+    digest = _digest(token)
+    row = session.scalar(select(TokenRow).where(TokenRow.token_sha256 == digest))
+    if row is not None:
+        if row.role != role or row.worker_id is not None:
+            raise ValueError(f"the {role} token from the environment is already a "
+                             f"{row.role} token ({row.name!r})")
+        return False
+    session.add(TokenRow(name=name, role=role, token_sha256=digest))
+    return True
+
+
+def lookup(session: Session, token: str) -> TokenInfo | None:
+    row = session.scalar(select(TokenRow).where(TokenRow.token_sha256 == _digest(token)))
+    return _info(row) if row is not None else None
+
+
 def role_of(session: Session, token: str) -> str | None:
-    return session.scalar(select(TokenRow.role).where(TokenRow.token_sha256 == _digest(token)))
+    info = lookup(session, token)
+    return info.role if info else None
+
+
+def token_exists(session: Session, token: str) -> bool:
+    return lookup(session, token) is not None
+
+
+def list_tokens(session: Session) -> list[TokenInfo]:
+    return [_info(r) for r in session.scalars(select(TokenRow).order_by(TokenRow.id))]
+
+
+def revoke(session: Session, key: str) -> list[TokenInfo]:
+    """Delete the tokens with this id (digits) or name; returns what was deleted."""
+    clause = TokenRow.id == int(key) if key.isdigit() else TokenRow.name == key
+    rows = list(session.scalars(select(TokenRow).where(clause)))
+    for row in rows:
+        session.delete(row)
+    return [_info(r) for r in rows]
+
+
+def bind_worker_token(session: Session, worker_id: int, name: str) -> str:
+    """A new token for this worker alone; the worker's earlier tokens stop working."""
+    revoke_worker_tokens(session, worker_id)
+    return create_token(session, "worker", name, worker_id=worker_id)
+
+
+def revoke_worker_tokens(session: Session, worker_id: int) -> int:
+    result = session.execute(delete(TokenRow).where(TokenRow.worker_id == worker_id))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
