@@ -2,11 +2,37 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from schemas.target import check_text, shown
+
 KNOB_KINDS = ("sp", "ot", "re", "an")
+# AutoTVM's config index is an int64 (trials.config_index is BIGINT).
+MAX_INDEX = 2**63 - 1
+MAX_KNOBS = 64
+MAX_KNOB_ITEMS = 64  # factors of a split, axes of a reorder
+MAX_NAME_CHARS = 128
+
+
+def _check_scalar(value: Any, where: str) -> None:
+    """A knob value's scalar: what AutoTVM writes (ints, bools, strings, None), bounded."""
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if abs(value) > MAX_INDEX:
+            raise ValueError(f"{where}: an integer outside the int64 range")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: {value} is not a finite number")
+    elif isinstance(value, str):
+        if len(value) > MAX_NAME_CHARS:
+            raise ValueError(f"{where}: string longer than {MAX_NAME_CHARS} characters")
+        check_text(value, where)
+    else:
+        raise ValueError(f"{where}: a {type(value).__name__} is not a knob value")  # noqa: TRY004
 
 
 class KnobEntity(BaseModel):
@@ -14,22 +40,33 @@ class KnobEntity(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     kind: str
     value: Any
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_text(value, "knob name")
 
     @field_validator("kind")
     @classmethod
     def _kind(cls, value: str) -> str:
         if value not in KNOB_KINDS:
-            raise ValueError(f"knob kind {value!r} is not one of {', '.join(KNOB_KINDS)}")
+            raise ValueError(f"knob kind {shown(value, 20)} is not one of "
+                             f"{', '.join(KNOB_KINDS)}")
         return value
 
     @field_validator("value")
     @classmethod
     def _freeze(cls, value: Any) -> Any:
-        if isinstance(value, list):
+        if isinstance(value, (list, tuple)):
+            if len(value) > MAX_KNOB_ITEMS:
+                raise ValueError(f"more than {MAX_KNOB_ITEMS} items")
+            for i, item in enumerate(value):
+                _check_scalar(item, f"item {i}")
             return tuple(value)
+        _check_scalar(value, "value")
         return value
 
     def to_json(self) -> list[Any]:
@@ -42,23 +79,26 @@ class Config(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    index: int = Field(ge=0)
-    code_hash: str | None = None
-    entity: tuple[KnobEntity, ...]
+    index: int = Field(ge=0, le=MAX_INDEX)
+    code_hash: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    entity: tuple[KnobEntity, ...] = Field(max_length=MAX_KNOBS)
 
     @field_validator("entity", mode="before")
     @classmethod
     def _entity(cls, value: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ValueError("entity must be a list of [name, kind, value] triples")
+        if len(value) > MAX_KNOBS:
+            raise ValueError(f"entity: more than {MAX_KNOBS} knobs")
         out = []
         for i, item in enumerate(value):
-            if isinstance(item, KnobEntity) or isinstance(item, dict):
+            if isinstance(item, (KnobEntity, dict)):
                 out.append(item)
             elif isinstance(item, (list, tuple)) and len(item) == 3:
                 out.append({"name": item[0], "kind": item[1], "value": item[2]})
             else:
-                raise ValueError(f"entity[{i}] must be a [name, kind, value] triple, got {item!r}")
+                raise ValueError(f"entity[{i}] must be a [name, kind, value] triple, "
+                                 f"got {shown(repr(item), 40)}")
         return out
 
     def knob(self, name: str) -> Any:

@@ -34,13 +34,17 @@ class MeasureOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    number: int = Field(3, ge=1, description="runs averaged into one cost")
-    repeat: int = Field(3, ge=1, description="costs reported")
-    min_repeat_ms: float = Field(0.0, ge=0, description="raise number until a repeat lasts this")
-    timeout_s: float = Field(30.0, gt=0, description="wall time for build + check + timing")
+    # Bounded: a job's options reach every worker that measures its trials, and one that
+    # cannot be honoured (timeout_s=1e300 overflows a timer) must be refused at submission.
+    number: int = Field(3, ge=1, le=1_000_000, description="runs averaged into one cost")
+    repeat: int = Field(3, ge=1, le=1000, description="costs reported")
+    min_repeat_ms: float = Field(0.0, ge=0, le=60_000, allow_inf_nan=False,
+                                 description="raise number until a repeat lasts this")
+    timeout_s: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False,
+                             description="wall time for build + check + timing")
     check_correctness: bool = True
-    rtol: float = Field(1e-4, gt=0)
-    atol: float = Field(1e-4, ge=0)
+    rtol: float = Field(1e-4, gt=0, le=1e6, allow_inf_nan=False)
+    atol: float = Field(1e-4, ge=0, le=1e6, allow_inf_nan=False)
 
 
 class MeasureInput(BaseModel):

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas.config import Config
 from schemas.measure import MeasureErrorNo, MeasureInput, MeasureResult
-from schemas.target import Target
+from schemas.target import Target, shown
 from schemas.workload import Workload
 
 LOG_VERSION = 0.2
@@ -51,8 +51,8 @@ class Record(BaseModel):
     def from_line(cls, line: str) -> Record:
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RecordFormatError(f"not JSON: {err}") from None
+        except (ValueError, RecursionError) as err:  # or 4300+ digits, or nested too deep
+            raise RecordFormatError(f"not JSON: {str(err)[:100]}") from None
         return cls.from_json(row)
 
     @classmethod
@@ -61,7 +61,7 @@ class Record(BaseModel):
             raise RecordFormatError("a record line must be a JSON object")
         if "v" in row or "i" in row:
             raise RecordFormatError(
-                f"AutoTVM log version {row.get('v', '0.1')} is not supported: "
+                f"AutoTVM log version {shown(str(row.get('v', '0.1')), 20)} is not supported: "
                 "only v0.2 lines ({\"input\", \"config\", \"result\", \"version\": 0.2}) are read"
             )
         for field in ("input", "config", "result"):
@@ -69,7 +69,7 @@ class Record(BaseModel):
                 raise RecordFormatError(f"missing field {field!r}")
         version = row.get("version", LOG_VERSION)
         if version != LOG_VERSION:
-            raise RecordFormatError(f"version: {version!r} is not {LOG_VERSION}")
+            raise RecordFormatError(f"version: {shown(repr(version), 20)} is not {LOG_VERSION}")
         inp = row["input"]
         if not isinstance(inp, list) or len(inp) not in (3, 4):
             raise RecordFormatError("input: must be [target, template, args, kwargs]")
@@ -97,8 +97,9 @@ class Record(BaseModel):
             )
         except ValidationError as err:
             first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "record"
-            raise RecordFormatError(f"{where}: {first['msg']}") from None
+            where = ".".join(str(p) for p in first["loc"])[:100] or "record"
+            msg = str(first["msg"]).removeprefix("Value error, ")
+            raise RecordFormatError(f"{where}: {' '.join(msg.split())[:300]}") from None
 
     def to_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {

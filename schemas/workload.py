@@ -3,17 +3,46 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from schemas.target import check_text
 
-def _check_arg(value: Any, path: str) -> None:
-    if value is None or isinstance(value, (bool, int, float, str)):
+# Bounds no operator's arguments come near (a conv2d's are 6 items, 20 numbers, depth 3):
+# past them a workload is junk that would only cost time and space.
+MAX_TEMPLATE_CHARS = 128  # records.template is VARCHAR(128)
+MAX_ARG_NODES = 1024
+MAX_ARG_DEPTH = 8
+MAX_ARG_STRING = 128
+MAX_ARG_INT = 2**63 - 1
+
+
+def _check_arg(value: Any, path: str, depth: int, nodes: list[int]) -> None:
+    nodes[0] += 1
+    if nodes[0] > MAX_ARG_NODES:
+        raise ValueError(f"args: more than {MAX_ARG_NODES} values")
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if abs(value) > MAX_ARG_INT:
+            raise ValueError(f"{path}: an integer outside the int64 range")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{path}: {value} is not a finite number")
+        return
+    if isinstance(value, str):
+        if len(value) > MAX_ARG_STRING:
+            raise ValueError(f"{path}: string longer than {MAX_ARG_STRING} characters")
+        check_text(value, path)
         return
     if isinstance(value, (list, tuple)):
+        if depth >= MAX_ARG_DEPTH:
+            raise ValueError(f"{path}: nested deeper than {MAX_ARG_DEPTH} lists")
         for i, item in enumerate(value):
-            _check_arg(item, f"{path}[{i}]")
+            _check_arg(item, f"{path}[{i}]", depth + 1, nodes)
         return
     raise ValueError(f"{path}: {type(value).__name__} is not an AutoTVM-serialisable argument")
 
@@ -38,8 +67,13 @@ class Workload(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    template: str = Field(min_length=1)
+    template: str = Field(min_length=1, max_length=MAX_TEMPLATE_CHARS)
     args: tuple[Any, ...]
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        return check_text(value, "template")
 
     @field_validator("args", mode="before")
     @classmethod
@@ -47,11 +81,11 @@ class Workload(BaseModel):
         if isinstance(value, str):
             try:
                 value = json.loads(value)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"args is not JSON: {err}") from None
+            except (ValueError, RecursionError) as err:  # or 4300+ digits, or too deep
+                raise ValueError(f"args is not JSON: {str(err)[:100]}") from None
         if not isinstance(value, (list, tuple)):
             raise ValueError("args must be a JSON list, as AutoTVM serialises them")
-        _check_arg(value, "args")
+        _check_arg(value, "args", 0, [0])
         return tuple(_freeze(v) for v in value)
 
     @property

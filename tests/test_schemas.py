@@ -15,6 +15,7 @@ from schemas import (
     Config,
     KnobEntity,
     MeasureErrorNo,
+    MeasureOptions,
     Record,
     RecordFormatError,
     Target,
@@ -115,6 +116,82 @@ def test_bad_target_raises_value_error_naming_problem(text: str, names: str) -> 
     assert names in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ('opencl "-model=a b"', "space"),  # would print as `opencl -model=a b`
+        ("opencl '-model=a\"b'", "quote"),
+        ('opencl "-model=a\\\\b"', "backslash"),
+        ("opencl -model=a\x00b", "control character"),
+        ("opencl -model=a\x1bb", "control character"),
+        ("cuda -model=" + "m" * 300, "255"),
+        ("cuda -model=" + "m" * 200, "model longer than 128"),
+        ("cuda " + " ".join(f"-o{i}" for i in range(40)), "more than 32 options"),
+        ('opencl "-mo=del=x"', None),  # reads back: name mo, value del=x
+    ],
+)
+def test_target_must_read_back_as_itself(text: str, names: str | None) -> None:
+    """Every accepted target satisfies Target.parse(str(t)) == t; the rest are refused
+    with a one-line message starting "target", whatever their length."""
+    try:
+        target = Target.parse(text)
+    except ValueError as err:
+        assert names is not None, err
+        message = str(err).split("Value error, ", 1)[1].splitlines()[0]
+        assert message.startswith("target") and names in message, message
+        assert len(message) < 300, message
+    else:
+        assert names is None, str(target)
+        assert Target.parse(str(target)) == target
+
+
+def test_target_built_from_fields_must_read_back() -> None:
+    with pytest.raises(ValidationError, match="not a name"):
+        Target(kind="cuda", options=(("mo=del", "x"),))
+    with pytest.raises(ValidationError, match="space"):
+        Target(kind="cuda", options=(("model", "a b"),))
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        ([float("inf")], "finite"),
+        ([float("nan")], "finite"),
+        ([2**70], "int64"),
+        (["x\x00"], "control character"),
+        (["x" * 200], "longer than 128"),
+        ([[[[[[[[[[1]]]]]]]]]], "nested deeper"),
+        ([0] * 2000, "more than 1024"),
+        ("[" * 5000 + "]" * 5000, "not JSON"),
+        ("[" + "9" * 5000 + "]", "not JSON"),
+    ],
+)
+def test_workload_args_are_bounded(args: Any, names: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        Workload(template="conv2d_nchw.cuda", args=args)
+    assert names in str(info.value)
+
+
+def test_workload_template_is_bounded() -> None:
+    with pytest.raises(ValidationError, match="control character"):
+        Workload(template="conv\x00", args=[])
+    with pytest.raises(ValidationError, match="128"):
+        Workload(template="t" * 129, args=[])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("timeout_s", 1e300), ("timeout_s", float("inf")), ("timeout_s", float("nan")),
+     ("min_repeat_ms", float("inf")), ("number", 10**12), ("repeat", 10**6),
+     ("rtol", float("nan")), ("atol", float("inf"))],
+)
+def test_measure_options_are_bounded(field: str, value: Any) -> None:
+    """A job's options reach every worker: one no worker could honour is refused."""
+    with pytest.raises(ValidationError) as info:
+        MeasureOptions(**{field: value})
+    assert field in str(info.value)
+
+
 # --- configs -----------------------------------------------------------------------
 
 
@@ -152,6 +229,12 @@ def test_config_split_not_dividing_is_a_config_error() -> None:
     ("raw", "names"),
     [
         ({"index": -1, "entity": []}, "index"),
+        ({"index": 2**70, "entity": []}, "index"),
+        ({"index": 0, "entity": [["k", "ot", 1]] * 65}, "more than 64"),
+        ({"index": 0, "entity": [["k\x00", "ot", 1]]}, "control character"),
+        ({"index": 0, "entity": [["k", "ot", float("inf")]]}, "finite"),
+        ({"index": 0, "entity": [["k", "sp", [1] * 65]]}, "more than 64"),
+        ({"index": 0, "entity": [["k", "sp", [1, [2]]]]}, "not a knob value"),
         ({"index": 0, "entity": [["tile_k", "xx", [-1, 2]]]}, "kind"),
         ({"index": 0, "entity": [["tile_k", "sp"]]}, "entity[0]"),
         ({"index": 0, "entity": "tile_k"}, "entity"),
@@ -260,7 +343,8 @@ def test_malformed_line_names_field(mutate: Any, names: str) -> None:
     assert names in str(info.value)
 
 
-@pytest.mark.parametrize("text", ["", "not json", "[1, 2]", "null", "{"])
+@pytest.mark.parametrize("text", ["", "not json", "[1, 2]", "null", "{", "9" * 5000,
+                                  "[" * 5000 + "]" * 5000])
 def test_non_object_lines_refused(text: str) -> None:
     with pytest.raises(RecordFormatError):
         Record.from_line(text)

@@ -9,6 +9,7 @@ import copy
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -29,7 +30,8 @@ from server_fixtures import (
     tophub_lines,
     tophub_paths,
 )
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
 from typer.testing import CliRunner
 
 from cli.main import app as cli_app
@@ -595,10 +597,166 @@ def test_import_bad_lines(fresh: LiveServer) -> None:
     assert "finite" in errors[8]
     assert "model" in errors[9] and "128" in errors[9]
     assert "object" in errors[10]
+    assert answer["refused"] == 6
     with fresh.client("client") as client:
         page = client.get("/api/v1/records").json()
     assert page["total"] == 2
     assert [canon(i) for i in page["items"]] == [canon(good_a), canon(good_b)]
+
+
+def _mutated(base: dict[str, Any], change: Callable[[dict[str, Any]], Any]) -> str:
+    row = copy.deepcopy(base)
+    change(row)
+    return json.dumps(row)
+
+
+def test_import_refuses_what_a_worker_could_not_report(fresh: LiveServer) -> None:
+    """Import takes a line only if a worker could have measured it: finite positive
+    costs, error_no 0..8 with a cost when 0, and for a template we have, arguments it
+    reads and a config shaped like a point of its space with an index inside it. A line
+    for a template we do not have is checked as far as we can and kept. Imported rows are
+    marked ``imported``."""
+    cuda = tophub_lines(tophub_paths()[0])
+    base = next(r for r in cuda if r["input"][1] == "conv2d_nchw.cuda")
+    other = next(r for r in cuda if r["input"][1] == "batch_matmul.cuda")
+
+    def setter(*path: Any) -> Callable[[Any], Callable[[dict[str, Any]], None]]:
+        def value(v: Any) -> Callable[[dict[str, Any]], None]:
+            def change(row: dict[str, Any]) -> None:
+                node = row
+                for key in path[:-1]:
+                    node = node[key]
+                node[path[-1]] = v
+            return change
+        return value
+
+    costs, error_no = setter("result", 0), setter("result", 1)
+    index, entity = setter("config", "index"), setter("config", "entity")
+    tile_f = next(i for i, k in enumerate(base["config"]["entity"]) if k[0] == "tile_f")
+    bad = {
+        "negative cost": (costs([-1.0]), "cost"),
+        "zero cost": (costs([0.0, 1e-3]), "cost"),
+        "error_no 0 without costs": (costs([]), "at least one cost"),
+        "error_no 9": (error_no(9), "error_no"),
+        "index 2^70": (index(2**70), "index"),
+        "index past the space": (index(10**15), "outside the space"),
+        "unknown knob": (entity([*base["config"]["entity"], ["tile_zz", "ot", 1]]),
+                         "tile_zz"),
+        "split of 3 factors": (setter("config", "entity", tile_f, 2)([-1, 2, 2]), "tile_f"),
+        "split of zero": (setter("config", "entity", tile_f, 2)([-1, 0, 2, 2]), "tile_f"),
+        "knob of the wrong kind": (setter("config", "entity", tile_f, 1)("ot"), "kind"),
+        "args the template cannot read": (setter("input", 2)([["TENSOR", [1], "float32"]]),
+                                          "args"),
+        "a 3 MB config": (entity([["k", "ot", "x" * 100]] * 30000), "longer than"),
+        "cost NaN": (costs([float("nan")]), "finite"),
+    }
+    lines = [_mutated(base, change) for change, _ in bad.values()]
+    lines.append(_mutated(other, costs([-2.0])))
+    good = [json.dumps(base), json.dumps(other)]
+    answer = import_text(fresh, "\n".join(lines + good))
+    assert answer["accepted"] == 2 and answer["refused"] == len(bad) + 1, answer
+    errors = {e["line"]: e["error"] for e in answer["errors"]}
+    for number, (what, (_, word)) in enumerate(bad.items(), start=1):
+        assert word in errors.get(number, ""), (what, errors.get(number))
+        assert len(errors[number]) <= 400, (what, errors[number])
+    assert "cost" in errors[len(bad) + 1]
+    engine = create_engine(fresh.database_url, poolclass=NullPool)
+    with engine.connect() as conn:
+        sources = conn.execute(text("SELECT source, count(*) FROM records GROUP BY source"))
+        assert dict(sources.all()) == {"imported": 2}
+    engine.dispose()
+
+
+def test_import_answer_is_bounded(fresh: LiveServer) -> None:
+    """Refused lines past the first 100 are only counted; 10 MB of junk answers within
+    seconds with a small body."""
+    many = "\n".join(f'{{"junk": {i}}}' for i in range(250))
+    answer = import_text(fresh, many)
+    assert (answer["accepted"], answer["refused"], len(answer["errors"])) == (0, 250, 100)
+    assert [e["line"] for e in answer["errors"]] == list(range(1, 101))
+    for junk in ("x" * 10_000_000, "not json at all\n" * 600_000):
+        start = time.monotonic()
+        with fresh.client("client") as client:
+            resp = client.post("/api/v1/records/import", content=junk, headers=TEXT)
+        took = time.monotonic() - start
+        assert resp.status_code == 200 and len(resp.content) < 20_000, resp.text[:300]
+        assert resp.json()["accepted"] == 0 and took < 20, took
+    with fresh.client("client") as client:
+        assert client.get("/api/v1/records").json()["total"] == 0
+
+
+def _store(server: LiveServer, lines: list[dict[str, Any]], source: str) -> None:
+    """Rows straight into the server's database, as dispatch stores a measurement."""
+    from sqlalchemy.orm import Session
+
+    from schemas import Record
+    from tuner_server.services.records import add_records
+
+    engine = create_engine(server.database_url, poolclass=NullPool)
+    with Session(engine) as session, session.begin():
+        add_records(session, [Record.from_json(r) for r in lines], source)
+    engine.dispose()
+
+
+def test_measured_outranks_imported_on_the_same_model(fresh: LiveServer) -> None:
+    """On the asked device model a measurement wins over any imported record, however
+    cheap; an import counts there only where nothing was measured; the target-key
+    fallback (other devices) still goes by cost."""
+    base = next(r for r in tophub_lines(tophub_paths()[0])
+                if r["input"][1] == "conv2d_nchw.cuda")
+    args_a = copy.deepcopy(base["input"][2])
+    args_a[0][1][0] = 7  # batch 7 and 9: workloads no TopHub record has
+    args_b = copy.deepcopy(base["input"][2])
+    args_b[0][1][0] = 9
+
+    def rec(target: str, args: Any, index: int, cost: float) -> dict[str, Any]:
+        r = copy.deepcopy(base)
+        r["input"][0], r["input"][2] = target, args
+        r["config"]["index"], r["result"][0] = index, [cost]
+        return r
+
+    imported = [rec("cuda -model=h200", args_a, 1, 1e-9), rec("cuda -model=h200", args_b, 2, 1e-9),
+                rec("cuda -model=a100", args_a, 3, 1e-8)]
+    assert import_text(fresh, "\n".join(map(json.dumps, imported)))["accepted"] == 3
+    _store(fresh, [rec("cuda -model=h200", args_a, 4, 1e-3), rec("cuda -model=h200", args_a, 5, 2e-3),
+                   rec("cuda -model=a100", args_b, 6, 1e-2)], "measured")
+    wl = [{"template": base["input"][1], "args": a} for a in (args_a, args_b)]
+    answers = ask_best(fresh, "cuda -model=h200", wl)
+    assert [(rule, r["config"]["index"]) for rule, r in answers] == [("model", 4), ("model", 2)]
+    # another model: the target key "cuda" ranks every cuda record by cost alone
+    answers = ask_best(fresh, "cuda -model=v100", wl)
+    assert [(rule, r["config"]["index"]) for rule, r in answers] == [
+        ("target_key:cuda", 1), ("target_key:cuda", 2)]
+
+
+def test_rows_stored_before_validation_never_break_reads(fresh: LiveServer) -> None:
+    """A row whose target no longer parses (stored before targets had to read back) is
+    skipped by GET /records and best, shown by the search, and left out of nothing else."""
+    base = tophub_lines(tophub_paths()[0])[0]
+    good = copy.deepcopy(base)
+    broken = copy.deepcopy(base)
+    broken["input"][0] = "cuda -model=a b"
+    assert import_text(fresh, json.dumps(good))["accepted"] == 1
+    engine = create_engine(fresh.database_url, poolclass=NullPool)
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO records (target, target_kind, target_model, target_keys, template, "
+            "workload_key, line, mean_cost, error_no, timestamp, created_at, source) "
+            "SELECT 'cuda -model=a b', target_kind, 'a', target_keys, template, "
+            "workload_key, :line, mean_cost / 2, 0, timestamp, created_at, 'imported' "
+            "FROM records"), {"line": json.dumps(broken)})
+    engine.dispose()
+    with fresh.client("client") as client:
+        page = client.get("/api/v1/records")
+        assert page.status_code == 200 and page.json()["total"] == 2
+        assert [canon(i) for i in page.json()["items"]] == [canon(good)]
+        search = client.get("/api/v1/records/search", params={"best": False})
+        assert search.status_code == 200 and search.json()["total"] == 2
+        assert client.get("/api/v1/logs/cuda").status_code == 200
+        wl = [{"template": base["input"][1], "args": base["input"][2]}]
+        best = client.post("/api/v1/records/best", json={"target": "cuda -model=a",
+                                                          "workloads": wl})
+        assert best.status_code == 200, best.text
 
 
 # --------------------------------------------------------------------------------------

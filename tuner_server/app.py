@@ -5,17 +5,29 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import fastapi_offline
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+)
 from fastapi.staticfiles import StaticFiles
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuner_server.api import jobs, records, workers
 from tuner_server.db.models import RecordRow
 from tuner_server.db.session import check_schema, make_engine, session_factory
-from tuner_server.queue import make_queue
+from tuner_server.middleware import Guard, one_line, outage_reason
+from tuner_server.queue import QueueUnavailable, make_queue
 from tuner_server.services.dispatch import workers_alive
 from tuner_server.services.metrics import Metrics
 from tuner_server.services.scheduler import PassStats, Scheduler
@@ -26,6 +38,17 @@ from tuner_server.settings import Settings
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
 # Revalidate each time (cheap: an ETag): a server upgrade must not leave an old app.js.
 NO_CACHE = {"Cache-Control": "no-cache"}
+# Swagger UI's and ReDoc's scripts ship in the fastapi-offline package: /docs works
+# without reaching a CDN.
+DOCS_ASSETS = Path(fastapi_offline.__file__).resolve().parent / "static"
+
+def _redacted(url: str) -> str:
+    """``url`` without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -38,6 +61,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         with sessions.begin() as session:
             ensure_token(session, settings.worker_token, "worker", "bootstrap")
     queue = make_queue(settings.queue_url, settings.redis_prefix)
+    try:
+        queue.ping()  # a server without its queue would accept jobs it cannot hand out
+    except QueueUnavailable as err:
+        engine.dispose()
+        raise QueueUnavailable(f"the queue at {_redacted(settings.queue_url)} does not "
+                               f"answer ({err}); start it, or use --queue-url sql") from None
     metrics = Metrics()
 
     def on_pass(stats: PassStats) -> None:
@@ -55,7 +84,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine.dispose()
 
     app = FastAPI(title="tuner", version="0.1.0", lifespan=lifespan,
-                  description="AutoTVM-style tuning service: records, jobs, workers.")
+                  description="AutoTVM-style tuning service: records, jobs, workers.",
+                  docs_url=None, redoc_url=None)
+    app.add_middleware(Guard)
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessions = sessions
@@ -68,9 +99,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        # One readable sentence per problem, naming the field, instead of a bare 422 dump.
-        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        return JSONResponse({"detail": "; ".join(problems)}, status_code=422)
+        # One readable sentence per problem, naming the field, instead of a bare 422 dump;
+        # the first few problems only, so a thousand bad items still answer in one line.
+        errors = exc.errors()
+        problems = [f"{'.'.join(str(p) for p in e['loc'])}: "
+                    f"{str(e['msg']).removeprefix('Value error, ')}" for e in errors[:3]]
+        if len(errors) > 3:
+            problems.append(f"and {len(errors) - 3} more")
+        return JSONResponse({"detail": one_line("; ".join(problems))}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # every route's refusal, whatever it quotes, stays one bounded line
+        if isinstance(exc.detail, str):
+            exc = StarletteHTTPException(exc.status_code, one_line(exc.detail), exc.headers)
+        return await http_exception_handler(request, exc)
 
     # The dashboard: the page and its assets carry no data, so they need no token; the
     # API calls it makes do.
@@ -80,9 +123,44 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def dashboard() -> FileResponse:
         return FileResponse(DASHBOARD_DIR / "index.html", headers=NO_CACHE)
 
+    # API docs, their scripts served from the package (no CDN)
+    app.mount("/docs-assets", StaticFiles(directory=DOCS_ASSETS), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="tuner API",
+                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs-assets/favicon.png")
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title="tuner API",
+                              redoc_js_url="/docs-assets/redoc.standalone.js",
+                              redoc_favicon_url="/docs-assets/favicon.png",
+                              with_google_fonts=False)
+
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
+        """Liveness: the process answers (readiness is /readyz)."""
         return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz(request: Request) -> JSONResponse:
+        """Readiness: the database and the queue both answer."""
+        state = {"database": "ok", "queue": "ok"}
+        try:
+            with request.app.state.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as err:  # noqa: BLE001 - any failure means "not ready"
+            state["database"] = f"unavailable: {outage_reason(err)}"
+        try:
+            request.app.state.queue.ping()
+        except Exception as err:  # noqa: BLE001
+            state["queue"] = f"unavailable: {outage_reason(err)}"
+        ready = all(v == "ok" for v in state.values())
+        return JSONResponse({"status": "ok" if ready else "unavailable", **state},
+                            status_code=200 if ready else 503)
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus() -> PlainTextResponse:

@@ -25,7 +25,7 @@ from compiler.records.source import (
 from schemas import Record, Target, Workload
 
 # POST /api/v1/records/best takes at most this many workloads a request.
-_BEST_BATCH = 10000
+_BEST_BATCH = 1000  # the server's limit per records/best request
 # Workloads never cached named in the offline warning; the rest are only counted.
 _SHOWN_MISSING = 5
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import random
 from abc import ABC, abstractmethod
@@ -666,6 +668,10 @@ def io_buffers(data_shape: tuple[int, ...], weight_shape: tuple[int, ...],
     )
 
 
+# A tensor past 2^31 elements fits no device buffer our kernels index with 32-bit ints.
+MAX_ELEMENTS = 2**31 - 1
+
+
 def tensor_shape(arg: Any, what: str, ndim: int,
                  dtypes: tuple[str, ...] = ("float32",)) -> tuple[tuple[int, ...], str]:
     """Shape and dtype of an AutoTVM ``["TENSOR", shape, dtype]`` argument."""
@@ -676,6 +682,9 @@ def tensor_shape(arg: Any, what: str, ndim: int,
         isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape
     ):
         raise WorkloadError(f"{what}: shape must be {ndim} positive integers, got {shape!r}")
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise WorkloadError(f"{what}: shape {list(shape)} has more than 2^31-1 elements, "
+                            f"more than a kernel can index")
     if dtype not in dtypes:
         raise WorkloadError(f"{what}: dtype {dtype!r} is not supported "
                             f"({' or '.join(dtypes)} only)")

@@ -30,6 +30,29 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // i for i in small]))
 
 
+def _prime_exponents(n: int) -> list[int]:
+    exponents, p = [], 2
+    while p * p <= n:
+        if n % p == 0:
+            e = 0
+            while n % p == 0:
+                n, e = n // p, e + 1
+            exponents.append(e)
+        p += 1
+    return exponents + ([1] if n > 1 else [])
+
+
+def split_count(extent: int, num_outputs: int) -> int:
+    """How many ordered ways ``extent`` splits into ``num_outputs`` factors."""
+    return _prod([math.comb(e + num_outputs - 1, num_outputs - 1)
+                  for e in _prime_exponents(extent)])
+
+
+# A split knob with more values than this (an extent with very many divisors, such as
+# 735134400 in four) would take minutes to enumerate: no real layer has one.
+MAX_SPLIT_VALUES = 250_000
+
+
 def _prod(values: Sequence[int]) -> int:
     return reduce(lambda a, b: a * b, values, 1)
 
@@ -47,21 +70,26 @@ class SplitKnob:
     def __post_init__(self) -> None:
         if self.extent < 1 or self.num_outputs < 1:
             raise ConfigError(f"{self.name}: cannot split extent {self.extent}")
+        if (count := split_count(self.extent, self.num_outputs)) > MAX_SPLIT_VALUES:
+            raise ConfigError(f"{self.name}: extent {self.extent} splits {count} ways into "
+                              f"{self.num_outputs} factors, more than {MAX_SPLIT_VALUES} "
+                              f"(too many divisors to tune)")
         factors = divisors(self.extent)
         found: list[tuple[int, ...]] = []
         stack: list[int] = [1] * (self.num_outputs - 1)
 
-        def dfs(depth: int) -> None:
+        def dfs(depth: int, inner: int) -> None:
             if depth == self.num_outputs - 1:
-                inner = _prod(stack)
-                if self.extent % inner == 0:
-                    found.append((self.extent // inner, *reversed(stack)))
+                found.append((self.extent // inner, *reversed(stack)))
                 return
             for f in factors:
-                stack[depth] = f
-                dfs(depth + 1)
+                # a prefix whose product does not divide the extent has no valid
+                # completion: pruning it keeps AutoTVM's order and skips the rest
+                if self.extent % (inner * f) == 0:
+                    stack[depth] = f
+                    dfs(depth + 1, inner * f)
 
-        dfs(0)
+        dfs(0, 1)
         if self.keep is not None:
             found = [e for e in found if self.keep(e)]
         object.__setattr__(self, "values", tuple(found))

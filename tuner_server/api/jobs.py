@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
@@ -21,8 +21,9 @@ class JobRequest(BaseModel):
     target: Target
     tasks: list[Workload] = Field(min_length=1, max_length=1000)
     n_trial: int = Field(64, ge=1, le=1_000_000, description="trials per task")
-    tuner: str = Field(DEFAULT_TUNER, description="one of: " + ", ".join(sorted(TUNERS)))
-    early_stopping: int | None = Field(None, ge=1)
+    tuner: str = Field(DEFAULT_TUNER, max_length=32,
+                       description="one of: " + ", ".join(sorted(TUNERS)))
+    early_stopping: int | None = Field(None, ge=1, le=MAX_ID)
     plan_size: int = Field(16, ge=1, le=4096)
     measure: MeasureOptions = MeasureOptions()
 
@@ -61,19 +62,21 @@ def submit(body: JobRequest, session: Session = Depends(get_session),
 
 
 @router.get("")
-def list_jobs(limit: int = Query(100, ge=1, le=1000),
+def list_jobs(request: Request, limit: int = Query(100, ge=1, le=1000),
               offset: int = Query(0, ge=0, le=MAX_ID),
               session: Session = Depends(get_session),
               _caller: Caller = Depends(require("client"))) -> list[dict[str, Any]]:
-    return svc.list_jobs(session, limit, offset)
+    return svc.list_jobs(session, limit, offset,
+                         lease_s=request.app.state.settings.lease_seconds)
 
 
 @router.get("/{job_id}")
-def get_job(job_id: PathId,
+def get_job(job_id: PathId, request: Request,
             curves: bool = Query(True, description="each task's tuning curve (improvements)"),
             session: Session = Depends(get_session),
             _caller: Caller = Depends(require("client"))) -> dict[str, Any]:
-    job = svc.describe(session, job_id, with_curves=curves)
+    job = svc.describe(session, job_id, with_curves=curves,
+                       lease_s=request.app.state.settings.lease_seconds)
     if job is None:
         raise HTTPException(404, f"job {job_id} not found")
     return job

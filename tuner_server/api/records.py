@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 from sqlalchemy.orm import Session
 
 from schemas import Target, Workload
+from schemas.target import check_text, shown
+from schemas.workload import MAX_TEMPLATE_CHARS
 from tuner_server.api.deps import MAX_ID, Caller, get_session, require
 from tuner_server.services import records as svc
 
 router = APIRouter(prefix="/api/v1", tags=["records"])
+
+# A query string without control characters: PostgreSQL refuses NUL in a parameter.
+Plain = Annotated[str, AfterValidator(lambda v: check_text(v, "text"))]
 
 
 def _target(text: str, field: str = "target") -> Target:
@@ -25,7 +30,7 @@ def _target(text: str, field: str = "target") -> Target:
         where = ".".join(str(p) for p in first["loc"])
         msg = str(first["msg"]).removeprefix("Value error, ")
         if where:
-            detail = f"{field}: {where}: {msg} (got {text!r})"
+            detail = f"{field}: {where}: {msg} (got {shown(text)})"
         elif msg.startswith("target"):  # Target's own messages start with "target ..."
             detail = field + msg.removeprefix("target")
         else:
@@ -61,8 +66,8 @@ class RecordSearchPage(BaseModel):
 
 
 class BestRequest(BaseModel):
-    target: str
-    workloads: list[Workload] = Field(min_length=1, max_length=10000)
+    target: str = Field(max_length=1000)
+    workloads: list[Workload] = Field(min_length=1, max_length=svc.MAX_BEST_WORKLOADS)
 
 
 class BestItem(BaseModel):
@@ -77,14 +82,17 @@ class BestResponse(BaseModel):
 
 class ImportResponse(BaseModel):
     accepted: int
+    refused: int = Field(description="lines refused; `errors` names the first "
+                                     f"{svc.MAX_REPORTED_ERRORS}")
     errors: list[dict[str, Any]]
 
 
 @router.get("/records", response_model=RecordPage)
 def list_records(
     target: str | None = None,
-    template: str | None = None,
-    workload: str | None = Query(None, description="AutoTVM args list as JSON (needs template)"),
+    template: Plain | None = Query(None, max_length=MAX_TEMPLATE_CHARS),
+    workload: Plain | None = Query(None, max_length=64 * 1024,
+                                   description="AutoTVM args list as JSON (needs template)"),
     limit: int = Query(100, ge=1, le=10000),
     offset: int = Query(0, ge=0, le=MAX_ID),
     session: Session = Depends(get_session),
@@ -97,7 +105,8 @@ def list_records(
         try:
             wl = Workload(template=template, args=workload)
         except ValidationError as err:
-            raise HTTPException(422, f"workload: {err.errors()[0]['msg']}") from None
+            msg = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+            raise HTTPException(422, f"workload: {msg}") from None
     total, items = svc.query(session, _target(target) if target else None, template, wl,
                              limit, offset)
     return RecordPage(total=total, items=[r.to_json() for r in items])
@@ -106,9 +115,10 @@ def list_records(
 @router.get("/records/search", response_model=RecordSearchPage)
 def search_records(
     target: str | None = Query(None, description="a kind (every model) or kind + -model"),
-    template: str | None = None,
-    workload: str | None = Query(None, max_length=1000,
-                                 description="a substring of the workload key, e.g. 1,64,56,56"),
+    template: Plain | None = Query(None, max_length=MAX_TEMPLATE_CHARS),
+    workload: Plain | None = Query(None, max_length=1000,
+                                   description="a substring of the workload key, "
+                                               "e.g. 1,64,56,56"),
     best: bool = Query(True, description="only the best record per device model and workload"),
     limit: int = Query(100, ge=1, le=1000),
     offset: int = Query(0, ge=0, le=MAX_ID),
@@ -132,13 +142,17 @@ def best_records(body: BestRequest, session: Session = Depends(get_session),
 
 @router.post("/records/import", response_model=ImportResponse)
 def import_records(
-    body: str = Body(..., media_type="text/plain", description="AutoTVM JSON lines"),
+    body: str = Body(..., media_type="text/plain",
+                     description="AutoTVM JSON lines (32 MiB at most); stored as imported "
+                                 "records, which never outrank this fleet's measurements "
+                                 "of the same device model"),
     session: Session = Depends(get_session),
     _caller: Caller = Depends(require("client")),
 ) -> ImportResponse:
-    report = svc.import_lines(session, body.splitlines())
+    # "\n" only: str.splitlines would also split inside a JSON string holding U+2028
+    report = svc.import_lines(session, body.split("\n"))
     session.commit()
-    return ImportResponse(accepted=report.accepted,
+    return ImportResponse(accepted=report.accepted, refused=report.refused,
                           errors=[{"line": n, "error": msg} for n, msg in report.errors])
 
 

@@ -4,27 +4,44 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Text, and_, cast, func, insert, select
+from sqlalchemy import Text, and_, case, cast, func, insert, select
 from sqlalchemy.orm import Session, aliased
 
-from compiler.templates import get_template
-from schemas import Record, RecordFormatError, Target, Workload
+from compiler.templates import UnknownTemplateError, get_template
+from compiler.templates.space import ConfigSpace, SplitKnob
+from schemas import Config, Record, RecordFormatError, Target, Workload
 from schemas.measure import FAILED_COST
-from schemas.record import read_lines
 from tuner_server.db.models import RecordRow
 
+log = logging.getLogger("tuner.records")
+
 BATCH = 1000
+# An AutoTVM line is a few hundred characters; a 3 MB "config" is junk, refused unread.
+MAX_LINE_CHARS = 64 * 1024
+# An import's answer names this many refused lines, then only counts the rest.
+MAX_REPORTED_ERRORS = 100
+# POST /records/best answers at most this many workloads a request.
+MAX_BEST_WORKLOADS = 1000
 
 
 @dataclass
 class ImportReport:
     accepted: int = 0
+    refused: int = 0
+    # (line number, reason) of the first MAX_REPORTED_ERRORS refused lines
     errors: list[tuple[int, str]] = field(default_factory=list)
+
+    def refuse(self, number: int, why: str) -> None:
+        self.refused += 1
+        if len(self.errors) < MAX_REPORTED_ERRORS:
+            self.errors.append((number, why))
 
 
 @dataclass(frozen=True)
@@ -36,9 +53,12 @@ class BestAnswer:
     rule: str  # "model", "target_key:<key>" or "none"
 
 
-def record_row(record: Record) -> dict[str, Any]:
+def record_row(record: Record, source: str = "measured") -> dict[str, Any]:
+    """The records row of ``record``; ``source``: "measured" (this fleet's trial) or
+    "imported" (a log line someone posted), which ``best`` ranks below a measurement."""
     target = record.target
     return {
+        "source": source,
         "target": str(target),
         "target_kind": target.kind,
         "target_model": target.model,
@@ -52,8 +72,8 @@ def record_row(record: Record) -> dict[str, Any]:
     }
 
 
-def add_records(session: Session, records: Iterable[Record]) -> int:
-    rows = [record_row(r) for r in records]
+def add_records(session: Session, records: Iterable[Record], source: str = "measured") -> int:
+    rows = [record_row(r, source) for r in records]
     for start in range(0, len(rows), BATCH):
         session.execute(insert(RecordRow), rows[start:start + BATCH])
     return len(rows)
@@ -83,19 +103,99 @@ def _unstorable(record: Record) -> str | None:
     return None
 
 
-def import_lines(session: Session, lines: Iterable[str]) -> ImportReport:
-    """Keep every valid line; report the others with their line number and reason."""
+def _fits(space: ConfigSpace, config: Config) -> str | None:
+    """Why ``config`` is not shaped like a point of ``space``, or None: knobs of the
+    space (a template may fill one AutoTVM's space lacks, as conv2d_NCHWc.x86 does vec
+    and wg), of their kinds, splits with as many integer factors, an index inside it.
+
+    A knob's value need not be one of our candidates: TopHub's logs hold real AutoTVM
+    records tuned with other candidate lists (auto_unroll_max_step 128 on rocm and
+    opencl, splits of other extents). They are kept as AutoTVM would keep them, and
+    whoever compiles with them decodes them first and skips those outside the space."""
+    knobs = {knob.name: knob for knob in space}
+    names = [item.name for item in config.entity]
+    if len(set(names)) != len(names):
+        return "config: a knob is named twice"
+    for item in config.entity:
+        knob = knobs.get(item.name)
+        if knob is None:
+            return (f"config: {item.name!r} is not a knob of {sorted(knobs)}"[:300])
+        if item.kind != knob.kind:
+            return f"config: {knob.name}: kind {item.kind!r}, expected {knob.kind!r}"
+        if isinstance(knob, SplitKnob):
+            value = item.value
+            if not (isinstance(value, tuple) and len(value) == knob.num_outputs
+                    and all(isinstance(v, int) and not isinstance(v, bool) and (v >= 1 or v == -1)
+                            for v in value)):
+                return (f"config: {knob.name}: expected a split of {knob.num_outputs} "
+                        f"positive integer factors")
+    if config.index >= len(space):
+        return f"config: index {config.index} is outside the space of {len(space)} configs"
+    return None
+
+
+def _invalid(record: Record) -> str | None:
+    """Why ``record`` is not a measurement we would have stored ourselves, or None: the
+    rules a worker's result obeys, plus, for a template we have, arguments it reads and a
+    config shaped like a point of its space."""
+    result = record.result
+    if not all(math.isfinite(c) and c > 0 for c in result.costs):
+        return "result: every cost must be a finite number > 0 seconds"
+    if result.ok and not result.costs:
+        return "result: error_no 0 needs at least one cost"
+    if not (math.isfinite(result.all_cost) and result.all_cost >= 0
+            and math.isfinite(result.timestamp)):
+        return "result: all_cost and timestamp must be finite numbers, all_cost >= 0"
+    try:
+        template = get_template(record.workload.template)
+    except UnknownTemplateError:
+        # an AutoTVM template we cannot build (batch_matmul, conv2d_transpose: TopHub has
+        # them): kept for AutoTVM readers of the pretuned log, checked as far as we can
+        return None
+    try:
+        space = template.space(record.workload)
+    except Exception as err:  # noqa: BLE001 - a template's refusal (WorkloadError, ...)
+        return f"args: {' '.join(str(err).split())[:200]}"
+    return _fits(space, record.config)
+
+
+def import_lines(session: Session, lines: Iterable[str],
+                 source: str = "imported") -> ImportReport:
+    """Keep every valid line, as ``source``; count the others and report the first
+    MAX_REPORTED_ERRORS with their line number and reason."""
     report = ImportReport()
     good: list[Record] = []
-    for number, item in read_lines(lines):
-        if isinstance(item, RecordFormatError):
-            report.errors.append((number, str(item)))
-        elif (why := _unstorable(item)) is not None:
-            report.errors.append((number, why))
+    for number, line in enumerate(lines, start=1):
+        if len(line) > MAX_LINE_CHARS:
+            report.refuse(number, f"line longer than {MAX_LINE_CHARS} characters")
+            continue
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            record = Record.from_line(text)
+        except RecordFormatError as err:
+            report.refuse(number, str(err))
+            continue
+        why = _unstorable(record) or _invalid(record)
+        if why is not None:
+            report.refuse(number, why)
         else:
-            good.append(item)
-    report.accepted = add_records(session, good)
+            good.append(record)
+    report.accepted = add_records(session, good, source)
     return report
+
+
+def _read(line: Any, row_id: int) -> Record | None:
+    """The stored line as a Record, or None (logged) for a row stored before today's
+    rules that no longer reads (a target that does not parse): such rows are skipped,
+    never an error for the reader."""
+    try:
+        return Record.from_json(line)
+    except RecordFormatError as err:
+        log.warning("records row %s does not read as a record and is skipped: %s",
+                    row_id, err)
+        return None
 
 
 def _target_filter(target: Target) -> list[Any]:
@@ -117,39 +217,57 @@ def query(session: Session, target: Target | None = None, template: str | None =
     if workload is not None:
         clauses.append(RecordRow.workload_key == workload.key)
     total = session.scalar(select(func.count()).select_from(RecordRow).where(*clauses)) or 0
-    rows = session.scalars(
-        select(RecordRow.line).where(*clauses).order_by(RecordRow.id).limit(limit).offset(offset)
-    ).all()
-    return total, [Record.from_json(line) for line in rows]
+    rows = session.execute(
+        select(RecordRow.id, RecordRow.line).where(*clauses).order_by(RecordRow.id)
+        .limit(limit).offset(offset))
+    return total, [r for row_id, line in rows if (r := _read(line, row_id)) is not None]
 
 
-def _cheapest(session: Session, workload: Workload, *clauses: Any) -> Record | None:
-    line = session.scalar(
-        select(RecordRow.line)
-        .where(RecordRow.workload_key == workload.key, RecordRow.error_no == 0, *clauses)
-        .order_by(RecordRow.mean_cost, RecordRow.id)
-        .limit(1)
-    )
-    return Record.from_json(line) if line is not None else None
+def _cheapest_each(session: Session, keys: Sequence[str], *clauses: Any,
+                   measured_first: bool = False) -> dict[str, Record]:
+    """Workload key -> its cheapest error_no 0 record under ``clauses``, for every key of
+    ``keys`` that has one, in one query; ties go to the first stored. ``measured_first``:
+    a measured record beats any imported one whatever their costs."""
+    order = [RecordRow.mean_cost, RecordRow.id]
+    if measured_first:
+        order.insert(0, case((RecordRow.source == "imported", 1), else_=0))
+    ranked = (select(RecordRow.id,
+                     func.row_number().over(partition_by=RecordRow.workload_key,
+                                            order_by=order).label("rank"))
+              .where(RecordRow.workload_key.in_(keys), RecordRow.error_no == 0, *clauses)
+              .subquery())
+    rows = session.execute(select(RecordRow.id, RecordRow.workload_key, RecordRow.line)
+                           .where(RecordRow.id.in_(select(ranked.c.id)
+                                                   .where(ranked.c.rank == 1))))
+    return {key: record for row_id, key, line in rows
+            if (record := _read(line, row_id)) is not None}
 
 
 def best(session: Session, workloads: Sequence[Workload], target: Target) -> list[BestAnswer]:
     """AutoTVM's ApplyHistoryBest: lowest mean cost among error_no 0 records, taken from
     the same device model first, then from each of the target's keys in order; ties go
-    to the record stored first, as AutoTVM keeps the first of equal costs."""
+    to the record stored first, as AutoTVM keeps the first of equal costs.
+
+    Within the device model, this fleet's measurements outrank imported records: an
+    import counts only for a workload the fleet never measured on that model. One query
+    per rule answers every workload."""
+    keys = list(dict.fromkeys(w.key for w in workloads))
+    found: dict[str, tuple[Record, str]] = {}
+    if target.model != "unknown":
+        for key, record in _cheapest_each(session, keys, RecordRow.target_model == target.model,
+                                          measured_first=True).items():
+            found[key] = (record, "model")
+    for target_key in target.keys:
+        missing = [k for k in keys if k not in found]
+        if not missing:
+            break
+        for key, record in _cheapest_each(
+                session, missing, RecordRow.target_keys.contains(f",{target_key},")).items():
+            found[key] = (record, f"target_key:{target_key}")
     answers = []
     for workload in workloads:
-        found, rule = None, "none"
-        if target.model != "unknown":
-            found = _cheapest(session, workload, RecordRow.target_model == target.model)
-            rule = "model" if found else "none"
-        if found is None:
-            for key in target.keys:
-                found = _cheapest(session, workload, RecordRow.target_keys.contains(f",{key},"))
-                if found is not None:
-                    rule = f"target_key:{key}"
-                    break
-        answers.append(BestAnswer(workload, found, rule))
+        record, rule = found.get(workload.key, (None, "none"))
+        answers.append(BestAnswer(workload, record, rule))
     return answers
 
 
