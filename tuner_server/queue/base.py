@@ -36,6 +36,10 @@ class DispatchQueue(ABC):
     def ping(self) -> None:
         """Raise :class:`QueueUnavailable` unless the queue's backend answers."""
 
+    # pushed, finished and returned are hints sent after the commit: they never raise
+    # for an outage of the queue's backend (the database already holds the truth);
+    # ``resync`` repairs whatever they missed.
+
     @abstractmethod
     def pushed(self, trials: list[TrialRow]) -> None:
         """Trials were committed as queued (called after the commit)."""
@@ -52,6 +56,14 @@ class DispatchQueue(ABC):
     @abstractmethod
     def returned(self, trials: list[TrialRow]) -> None:
         """Trials went back to queued (released or expired; called after the commit)."""
+
+    @abstractmethod
+    def resync(self, session: Session, now: float) -> int:
+        """Make the queue agree with the trials table again: every queued trial gets a
+        live ticket (one lost in an outage, or taken by a lease that never committed).
+        Run by the scheduler every few seconds and at startup; ``now`` is its clock
+        (unix seconds). Returns how many trials were queued again; raises
+        :class:`QueueUnavailable` when the backend does not answer."""
 
     def depth(self, session: Session) -> int:
         return session.scalar(select(func.count()).select_from(TrialRow)

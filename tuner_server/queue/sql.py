@@ -33,3 +33,6 @@ class SqlQueue(DispatchQueue):
 
     def returned(self, trials: list[TrialRow]) -> None:
         pass
+
+    def resync(self, session: Session, now: float) -> int:
+        return 0  # the queued rows are the queue: nothing to repair

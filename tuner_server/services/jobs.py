@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -12,13 +13,19 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from compiler.templates import get_template
-from schemas import MeasureOptions, Target, Workload
+from schemas import MeasureErrorNo, MeasureOptions, Target, Workload
 from schemas.measure import FAILED_COST
-from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow
+from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
+from tuner_server.queue.base import queue_matches, queue_name
 from tuner_server.search import DEFAULT_TUNER, TUNERS
 from tuner_server.services.records import workload_flops
 
+log = logging.getLogger("tuner.jobs")
+
 FINAL = ("done", "cancelled", "failed")
+ACTIVE = ("queued", "running")
+# The server's default lease: a worker seen within it is alive (Settings.lease_seconds).
+DEFAULT_LEASE_S = 120.0
 
 
 class JobError(ValueError):
@@ -76,6 +83,61 @@ def withdraw_queued(session: Session, task_ids: Any) -> None:
     session.execute(update(TrialRow).where(TrialRow.task_id.in_(task_ids),
                                            TrialRow.status == "queued")
                     .values(status="cancelled"))
+
+
+def error_counts(session: Session, task_ids: Iterable[int]) -> dict[int, int]:
+    """error_no -> how many of these tasks' trials were recorded with it."""
+    ids = sorted(set(task_ids))
+    if not ids:
+        return {}
+    rows = session.execute(
+        select(RecordRow.error_no, func.count()).select_from(RecordRow)
+        .join(TrialRow, TrialRow.id == RecordRow.trial_id)
+        .where(TrialRow.task_id.in_(ids)).group_by(RecordRow.error_no))
+    return {int(error_no): int(n) for error_no, n in rows}
+
+
+def _error_name(error_no: int) -> str:
+    try:
+        return f"error {error_no} ({MeasureErrorNo(error_no).name})"
+    except ValueError:
+        return f"error {error_no}"
+
+
+def all_failed(counts: dict[int, int]) -> str | None:
+    """Why trials with these error counts make a failure ("all 16 trials failed: 12 x
+    error 4 (RUNTIME_DEVICE), 4 x error 7 (RUN_TIMEOUT)"); None when one succeeded or
+    none was recorded."""
+    total = sum(counts.values())
+    if not total or counts.get(int(MeasureErrorNo.NO_ERROR)):
+        return None
+    parts = [f"{n} x {_error_name(e)}"
+             for e, n in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+    return f"all {total} trials failed: {', '.join(parts)}"
+
+
+def served_queues(session: Session, lease_s: float, now: float) -> set[str]:
+    """Queues some live worker serves: seen within the lease and not deregistered. A
+    worker whose stored target does not parse serves nothing."""
+    served: set[str] = set()
+    for worker_id, target in session.execute(
+            select(WorkerRow.id, WorkerRow.target)
+            .where(WorkerRow.last_seen >= now - lease_s, WorkerRow.stopped_at.is_(None))):
+        try:
+            served.update(queue_matches(Target.parse(target)))
+        except ValueError:
+            log.debug("worker %s: target %r does not parse; it serves nothing",
+                      worker_id, target)
+    return served
+
+
+def _waiting_for_worker(job: JobRow, served: set[str]) -> bool:
+    if job.status not in ACTIVE:
+        return False
+    try:
+        return queue_name(Target.parse(job.target)) not in served
+    except ValueError:
+        return True  # no worker serves a target that does not parse
 
 
 def _curve(session: Session, task_id: int) -> list[tuple[int, float]]:
@@ -148,14 +210,16 @@ def _task_item(job: JobRow, task: TaskRow) -> dict[str, Any]:
         "trials_planned": task.trials_planned, "n_trial": job.n_trial,
         "best_cost": task.best_cost,
         "best_gflops": flops / task.best_cost / 1e9 if flops and task.best_cost else None,
+        "error": task.error,
     }
 
 
 def _job_item(job: JobRow, tasks: list[TaskRow], recent: tuple[int, float | None],
-              now: float) -> dict[str, Any]:
+              now: float, served: set[str]) -> dict[str, Any]:
     """A job with its tasks and the figures a dashboard row shows: progress (a task that
     ended early, by early stopping or an exhausted space, counts as complete), ETA and
-    the best GFLOP/s of any task."""
+    the best GFLOP/s of any task; and whether it waits for a worker (none alive serves
+    its target), with a note saying what to do."""
     items = [_task_item(job, t) for t in tasks]
     total = job.n_trial * len(tasks)
     counted = sum(job.n_trial if t.status == "done" else min(t.trials_done, job.n_trial)
@@ -163,6 +227,7 @@ def _job_item(job: JobRow, tasks: list[TaskRow], recent: tuple[int, float | None
     remaining = sum(max(job.n_trial - t.trials_done, 0) for t in tasks
                     if t.status not in FINAL)
     bests = [i["best_gflops"] for i in items if i["best_gflops"] is not None]
+    waiting = _waiting_for_worker(job, served)
     return {"id": job.id, "target": job.target, "status": job.status, "tuner": job.tuner,
             "n_trial": job.n_trial, "early_stopping": job.early_stopping, "error": job.error,
             "created_at": job.created_at.isoformat() if job.created_at else None,
@@ -170,11 +235,15 @@ def _job_item(job: JobRow, tasks: list[TaskRow], recent: tuple[int, float | None
             "progress": counted / total if total else 0.0,
             "eta_s": _eta(job, remaining, recent, now),
             "best_gflops": max(bests) if bests else None,
+            "waiting_for_worker": waiting,
+            "note": (f"no live worker serves '{job.target}'; start one: tuner worker "
+                     f"--server <this server> --token TOKEN") if waiting else None,
             "tasks": items}
 
 
-def _describe_many(session: Session, jobs: Sequence[JobRow]) -> list[dict[str, Any]]:
-    """Jobs as ``describe`` shows them, in three queries whatever their number."""
+def _describe_many(session: Session, jobs: Sequence[JobRow],
+                   lease_s: float) -> list[dict[str, Any]]:
+    """Jobs as ``describe`` shows them, in four queries whatever their number."""
     ids = [j.id for j in jobs]
     per_job: dict[int, list[TaskRow]] = {i: [] for i in ids}
     if ids:
@@ -183,14 +252,20 @@ def _describe_many(session: Session, jobs: Sequence[JobRow]) -> list[dict[str, A
             per_job[task.job_id].append(task)
     now = time.time()
     recent = _recent(session, ids, now)
-    return [_job_item(j, per_job[j.id], recent.get(j.id, (0, None)), now) for j in jobs]
+    active = any(j.status in ACTIVE for j in jobs)
+    served = served_queues(session, lease_s, now) if active else set()
+    return [_job_item(j, per_job[j.id], recent.get(j.id, (0, None)), now, served)
+            for j in jobs]
 
 
-def describe(session: Session, job_id: int, with_curves: bool = True) -> dict[str, Any] | None:
+def describe(session: Session, job_id: int, with_curves: bool = True,
+             lease_s: float = DEFAULT_LEASE_S) -> dict[str, Any] | None:
+    """A job, its tasks (with their tuning curves) and whether it waits for a worker:
+    ``lease_s`` is the server's lease, within which a worker counts as alive."""
     job = session.get(JobRow, job_id)
     if job is None:
         return None
-    [item] = _describe_many(session, [job])
+    [item] = _describe_many(session, [job], lease_s)
     if with_curves:
         for task in item["tasks"]:
             flops = workload_flops(task["template"], task["args"])
@@ -200,10 +275,11 @@ def describe(session: Session, job_id: int, with_curves: bool = True) -> dict[st
     return item
 
 
-def list_jobs(session: Session, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+def list_jobs(session: Session, limit: int = 100, offset: int = 0,
+              lease_s: float = DEFAULT_LEASE_S) -> list[dict[str, Any]]:
     jobs = session.scalars(select(JobRow).order_by(JobRow.id.desc())
                            .limit(limit).offset(offset)).all()
-    return _describe_many(session, jobs)
+    return _describe_many(session, jobs, lease_s)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """The scheduler: keep a plan of trials queued for every running task, finish tasks at
 their budget or on early stopping, and return expired leases. All of its state is in
-the database, so a restarted server resumes every job where it was."""
+the database, so a restarted server resumes every job where it was. No one row stops a
+pass: a job or task that cannot be planned is failed with its reason, the others go on."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -11,7 +13,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, select, text
+from pydantic import ValidationError
+from sqlalchemy import Text, cast, func, select, text, update
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
 from compiler.templates import get_template
@@ -22,10 +27,23 @@ from tuner_server.search import TUNERS, Tuner, make_tuner
 from tuner_server.search.base import perf_of
 from tuner_server.search.transfer import Example, GlobalModels
 from tuner_server.services import dispatch
-from tuner_server.services.jobs import withdraw_queued
+from tuner_server.services.jobs import (
+    ACTIVE,
+    FINAL,
+    all_failed,
+    error_counts,
+    withdraw_queued,
+)
 
 log = logging.getLogger("tuner.scheduler")
-ACTIVE = ("queued", "running")
+# The database itself failing: the pass fails and is retried; no task is blamed for it.
+OUTAGE = (OperationalError, InterfaceError, PoolTimeoutError)
+# How often the queue is made to agree with the trials table (Redis: lost tickets).
+RESYNC_EVERY_S = 5.0
+# A failed task's or job's ``error``, at most.
+MAX_REASON = 500
+# A condition that persists (a worker row that does not parse) is logged this often.
+WARN_EVERY_S = 60.0
 
 
 @dataclass
@@ -33,6 +51,7 @@ class PassStats:
     planned: int = 0
     requeued: int = 0
     given_up: int = 0
+    resynced: int = 0  # trials the queue's resync queued again
 
 
 @dataclass
@@ -44,6 +63,23 @@ class SearchState:
     global_models: GlobalModels = field(default_factory=GlobalModels)
     tuners: OrderedDict[tuple[int, str], Tuner] = field(default_factory=OrderedDict)
     max_tuners: int = 256
+    warned: dict[str, float] = field(default_factory=dict)  # key -> when last logged
+
+    def warn(self, key: str, msg: str, *args: object, exc_info: bool = False) -> None:
+        """Log a condition that recurs every pass once per ``WARN_EVERY_S``, not 300 times
+        a minute."""
+        now = time.monotonic()
+        if now - self.warned.get(key, -WARN_EVERY_S) < WARN_EVERY_S:
+            return
+        if len(self.warned) > 10_000:
+            self.warned.clear()
+        self.warned[key] = now
+        log.warning(msg, *args, exc_info=exc_info)
+
+    def forget(self, task_id: int) -> None:
+        """Drop a failed task's tuners: a failure may have left them half-updated."""
+        for key in [k for k in self.tuners if k[0] == task_id]:
+            del self.tuners[key]
 
     def tuner(self, job: JobRow, task: TaskRow, limits: DeviceLimits | None,
               session: Session) -> Tuner:
@@ -91,17 +127,6 @@ def _examples(session: Session, template: str, kind: str) -> Iterator[Example]:
         yield record.workload, record.config, perf_of(record.result), model
 
 
-def _limits_for(session: Session, job_target: Target) -> DeviceLimits | None:
-    """The tightest limits among registered workers that can run this job's trials."""
-    name = queue_name(job_target)
-    rows = [DeviceLimits.model_validate(w.limits) for w in session.scalars(select(WorkerRow))
-            if name in queue_matches(Target.parse(w.target))]
-    if not rows:
-        return None
-    return DeviceLimits(**{f: min(getattr(r, f) for r in rows)
-                           for f in DeviceLimits.model_fields})
-
-
 def _history(session: Session, task_id: int) -> list[tuple[Config, MeasureResult]]:
     rows = session.execute(
         select(TrialRow.config, RecordRow.line).join(RecordRow, RecordRow.trial_id == TrialRow.id)
@@ -114,12 +139,60 @@ def _stopped_early(task: TaskRow, job: JobRow) -> bool:
             and task.trials_done - task.best_trial >= job.early_stopping)
 
 
+def _reason(err: Exception) -> str:
+    """One bounded line saying why planning failed: what a task's ``error`` stores."""
+    if isinstance(err, ValidationError):
+        said = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"]
+            for e in err.errors()[:3]).replace("Value error, ", "")
+    elif type(err) is KeyError and err.args:
+        said = f"missing key {err.args[0]!r}"
+    elif isinstance(err, (KeyError, ValueError)):
+        said = str(err)
+    else:
+        said = f"{type(err).__name__}: {err}"
+    return " ".join(said.split())[:MAX_REASON] or type(err).__name__
+
+
+def _fleet(session: Session, state: SearchState) -> list[tuple[list[str], DeviceLimits]]:
+    """Each registered (not deregistered) worker's queues and limits. A worker row whose
+    target or limits do not parse is skipped (and logged): it serves nothing."""
+    fleet = []
+    for worker_id, target, limits in session.execute(
+            select(WorkerRow.id, WorkerRow.target, cast(WorkerRow.limits, Text))
+            .where(WorkerRow.stopped_at.is_(None)).order_by(WorkerRow.id)):
+        try:
+            fleet.append((queue_matches(Target.parse(target)),
+                          DeviceLimits.model_validate(json.loads(limits))))
+        except (ValueError, TypeError) as err:
+            state.warn(f"worker {worker_id}", "worker %s is skipped: its target %r or limits "
+                       "do not parse: %s", worker_id, target, _reason(err))
+    return fleet
+
+
+def _limits_for(fleet: list[tuple[list[str], DeviceLimits]],
+                job_target: Target) -> DeviceLimits | None:
+    """The tightest limits among registered workers that can run this job's trials."""
+    name = queue_name(job_target)
+    rows = [limits for queues, limits in fleet if name in queues]
+    if not rows:
+        return None
+    return DeviceLimits(**{f: min(getattr(r, f) for r in rows)
+                           for f in DeviceLimits.model_fields})
+
+
+def _end_task(session: Session, task: TaskRow) -> None:
+    """A task at its end is done, or failed when every trial it recorded failed."""
+    reason = all_failed(error_counts(session, [task.id]))
+    task.status, task.error = ("failed", reason) if reason else ("done", None)
+
+
 def _plan_task(session: Session, job: JobRow, task: TaskRow,
                limits: DeviceLimits | None, state: SearchState) -> list[TrialRow]:
     outstanding = session.scalar(select(func.count()).select_from(TrialRow).where(
         TrialRow.task_id == task.id, TrialRow.status.in_(("queued", "leased")))) or 0
     if task.trials_done >= job.n_trial or _stopped_early(task, job):
-        task.status = "done"
+        _end_task(session, task)
         if outstanding:  # early stop: the rest of the plan is not needed
             withdraw_queued(session, [task.id])
         return []
@@ -142,7 +215,7 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow,
     if want > len(configs):
         configs += tuner.next_batch(want - len(configs), visited, history)
     if not configs and outstanding == 0:
-        task.status = "done"  # the valid space is exhausted
+        _end_task(session, task)  # the valid space is exhausted
         return []
     queue = queue_name(Target.parse(job.target))
     trials = [TrialRow(task_id=task.id, queue=queue, config=c.to_json(), config_index=c.index,
@@ -153,46 +226,168 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow,
     return trials
 
 
+def _fail_tasks(session: Session, job_id: int, task_ids: list[int] | None,
+                reason: str) -> None:
+    """Mark tasks of a job failed (None: all its unfinished tasks) and withdraw their
+    queued trials, by UPDATE alone: a row that cannot even be loaded is failed too."""
+    where = [TaskRow.job_id == job_id, TaskRow.status.not_in(FINAL)]
+    if task_ids is not None:
+        where.append(TaskRow.id.in_(task_ids))
+    session.execute(update(TaskRow).where(*where).values(status="failed", error=reason)
+                    .execution_options(synchronize_session="fetch"))
+    withdraw_queued(session, select(TaskRow.id).where(TaskRow.job_id == job_id,
+                                                      TaskRow.status == "failed"))
+
+
+def _job_failure(session: Session, failed: list[tuple[int, str | None]]) -> str:
+    """A failed job's ``error``: its one task's, or the error counts of the tasks whose
+    trials all failed and the reasons of the others."""
+    if len(failed) == 1:
+        return failed[0][1] or "its task failed"
+    measured = [task_id for task_id, _ in failed
+                if all_failed(error_counts(session, [task_id]))]
+    others = [(task_id, error) for task_id, error in failed if task_id not in measured]
+    parts = [all_failed(error_counts(session, measured))] if measured else []
+    parts += [f"task {task_id}: {error or 'failed'}" for task_id, error in others[:3]]
+    if len(others) > 3:
+        parts.append(f"and {len(others) - 3} more")
+    return f"all {len(failed)} tasks failed: " + "; ".join(p for p in parts if p)
+
+
+def _settle(session: Session, job: JobRow) -> None:
+    """A job whose tasks all ended is done, or failed when every one of them failed."""
+    rows = session.execute(select(TaskRow.id, TaskRow.status, TaskRow.error)
+                           .where(TaskRow.job_id == job.id).order_by(TaskRow.id)).all()
+    statuses = [status for _, status, _ in rows]
+    if all(status in FINAL for status in statuses):
+        failed = [(task_id, error) for task_id, status, error in rows if status == "failed"]
+        if rows and len(failed) == len(rows):
+            job.status, job.error = "failed", _job_failure(session, failed)[:MAX_REASON]
+        else:
+            job.status = "done"
+    elif "running" in statuses:
+        job.status = "running"
+
+
+def _fail_job(session: Session, job_id: int, reason: str) -> list[TrialRow]:
+    """A job that cannot be planned at all fails with its unfinished tasks."""
+    reason = reason[:MAX_REASON]
+    log.error("job %s failed: %s", job_id, reason)
+    _fail_tasks(session, job_id, None, reason)
+    session.execute(update(JobRow).where(JobRow.id == job_id)
+                    .values(status="failed", error=reason)
+                    .execution_options(synchronize_session="fetch"))
+    return []
+
+
+def _plan_job(session: Session, job_id: int, fleet: list[tuple[list[str], DeviceLimits]],
+              state: SearchState) -> list[TrialRow]:
+    """Plan one job's tasks, each in a SAVEPOINT: a task that raises is rolled back,
+    logged and failed with the reason; its siblings and other jobs go on. A job whose
+    row or target cannot be read fails as a whole."""
+    try:
+        with session.begin_nested():
+            job = session.get(JobRow, job_id)
+            assert job is not None
+            # one query for all of them: the loop below finds each in the session
+            tasks = list(session.scalars(select(TaskRow).where(
+                TaskRow.job_id == job_id, TaskRow.status.in_(ACTIVE)).order_by(TaskRow.id)))
+    except OUTAGE:
+        raise
+    except Exception as err:  # noqa: BLE001 - a row that cannot be read fails its job only
+        return _fail_job(session, job_id, f"job {job_id} cannot be read: {_reason(err)}")
+    try:
+        target = Target.parse(job.target)
+    except ValueError as err:
+        return _fail_job(session, job_id,
+                         f"job target {job.target!r} does not parse: {_reason(err)}")
+    limits = _limits_for(fleet, target)
+    new: list[TrialRow] = []
+    for task_id in [t.id for t in tasks]:
+        try:
+            with session.begin_nested():
+                task = session.get(TaskRow, task_id)
+                assert task is not None
+                planned = _plan_task(session, job, task, limits, state)
+                session.flush()  # a row the database refuses is this task's failure
+        except OUTAGE:
+            raise
+        except Exception as err:
+            reason = _reason(err)
+            log.exception("job %s task %s failed: %s", job_id, task_id, reason)
+            state.forget(task_id)
+            _fail_tasks(session, job_id, [task_id], reason)
+        else:
+            new += planned
+    try:
+        with session.begin_nested():
+            _settle(session, job)
+            session.flush()
+    except OUTAGE:
+        raise
+    except Exception as err:  # noqa: BLE001 - logged with its traceback; next pass again
+        state.warn(f"settle {job_id}", "job %s: settling its status failed (%s); "
+                   "retried next pass", job_id, _reason(err), exc_info=True)
+    return new
+
+
+def _reclaim(session: Session, state: SearchState) -> tuple[list[TrialRow], int]:
+    """``reclaim_expired`` in a SAVEPOINT: should it raise, planning goes on."""
+    try:
+        with session.begin_nested():
+            requeued, given_up = dispatch.reclaim_expired(session)
+            session.flush()
+    except OUTAGE:
+        raise
+    except Exception as err:  # noqa: BLE001 - logged with its traceback; planning goes on
+        state.warn("reclaim", "reclaiming expired leases failed (%s); planning goes on",
+                   _reason(err), exc_info=True)
+        return [], 0
+    return requeued, given_up
+
+
+def _leader(session: Session) -> bool:
+    """One planner at a time across API replicas (PostgreSQL): False when another
+    replica's scheduler holds the lock for its transaction."""
+    if session.get_bind().dialect.name != "postgresql":
+        return True
+    return bool(session.scalar(text("SELECT pg_try_advisory_xact_lock(7355608)")))
+
+
 def plan_once(session: Session, queue: DispatchQueue, state: SearchState | None = None
               ) -> tuple[PassStats, list[TrialRow], list[TrialRow]]:
-    """One scheduling pass in the caller's transaction; returns what to tell the queue."""
+    """One scheduling pass in the caller's transaction; returns what to tell the queue.
+
+    No row fails the pass: a job or task that raises is failed with its reason (each
+    runs in a SAVEPOINT), a worker row that does not parse is skipped, and a failed
+    reclaim is logged. A database outage does fail it (and no task is blamed)."""
     state = state or SearchState()
     stats = PassStats()
-    if session.get_bind().dialect.name == "postgresql":
-        # one planner at a time across API replicas
-        if not session.scalar(text("SELECT pg_try_advisory_xact_lock(7355608)")):
-            return stats, [], []
-    requeued, stats.given_up = dispatch.reclaim_expired(session)
+    if not _leader(session):
+        return stats, [], []
+    requeued, stats.given_up = _reclaim(session, state)
     stats.requeued = len(requeued)
+    fleet = _fleet(session, state)
     new: list[TrialRow] = []
-    for job in session.scalars(select(JobRow).where(JobRow.status.in_(ACTIVE))):
-        limits = _limits_for(session, Target.parse(job.target))
-        tasks = list(session.scalars(select(TaskRow).where(TaskRow.job_id == job.id)))
-        for task in tasks:
-            if task.status in ACTIVE:
-                try:
-                    new += _plan_task(session, job, task, limits, state)
-                except Exception as err:  # a broken task fails its job, not the server
-                    log.exception("planning task %s failed", task.id)
-                    task.status, job.status, job.error = "failed", "failed", str(err)
-        if job.status in ACTIVE:
-            if all(t.status == "done" for t in tasks):
-                job.status = "done"
-            elif any(t.status == "running" for t in tasks):
-                job.status = "running"
+    for job_id in list(session.scalars(select(JobRow.id).where(JobRow.status.in_(ACTIVE))
+                                       .order_by(JobRow.id))):
+        new += _plan_job(session, job_id, fleet, state)
     session.flush()
     stats.planned = len(new)
     return stats, new, requeued
 
 
 class Scheduler:
-    """Runs ``plan_once`` every ``interval`` seconds in a background thread."""
+    """Runs ``plan_once`` every ``interval`` seconds in a background thread, tells the
+    queue what it planned and requeued, and has the queue resync with the trials table
+    every ``RESYNC_EVERY_S`` (the first pass included: a restart repairs at once)."""
 
     def __init__(self, sessions: sessionmaker[Session], queue: DispatchQueue,
                  interval: float = 0.2, on_pass: Callable[[PassStats], None] | None = None):
         self._sessions, self._queue, self._interval = sessions, queue, interval
         self._on_pass = on_pass
         self.search = SearchState()
+        self._next_resync = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tuner-scheduler", daemon=True)
 
@@ -206,13 +401,35 @@ class Scheduler:
     def run_pass(self) -> PassStats:
         with self._sessions.begin() as session:
             stats, new, requeued = plan_once(session, self._queue, self.search)
-        if new:
-            self._queue.pushed(new)
-        if requeued:
-            self._queue.returned(requeued)
+        # committed: the trials are safe in the database whatever the queue says now
+        self._tell("queueing new trials", self._queue.pushed, new)
+        self._tell("queueing returned trials", self._queue.returned, requeued)
+        now = time.time()
+        if now >= self._next_resync:
+            self._next_resync = now + RESYNC_EVERY_S
+            stats.resynced = self._resync(now)
         if self._on_pass:
             self._on_pass(stats)
         return stats
+
+    def _tell(self, what: str, notify: Callable[[list[TrialRow]], None],
+              trials: list[TrialRow]) -> None:
+        if not trials:
+            return
+        try:
+            notify(trials)
+        except Exception as err:  # noqa: BLE001 - a hint: the resync queues them later
+            self.search.warn(what, "%s failed (%s); the resync queues them later",
+                             what, _reason(err))
+
+    def _resync(self, now: float) -> int:
+        try:
+            with self._sessions.begin() as session:
+                return self._queue.resync(session, now) if _leader(session) else 0
+        except Exception as err:  # noqa: BLE001 - Redis or the database down: next time
+            self.search.warn("resync", "queue resync failed (%s); retried in %g s",
+                             _reason(err), RESYNC_EVERY_S)
+            return 0
 
     def _run(self) -> None:
         while not self._stop.is_set():
