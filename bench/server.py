@@ -210,7 +210,12 @@ def worker_proc(base: str, token: str, names: list[str], batch: int, t_stop: flo
         mine: list[tuple[str, float, float, int]] = []
         headers = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=base, headers=headers, timeout=60) as c:
-            wid = c.post("/api/v1/workers", json={"name": name, "target": JOB_TARGET}).json()["id"]
+            r = c.post("/api/v1/workers", json={"name": name, "target": JOB_TARGET})
+            if r.status_code != 201:
+                errors.append(f"register {r.status_code} {r.text[:200]}")
+                return
+            wid = r.json()["id"]
+            c.headers["Authorization"] = f"Bearer {r.json()['token']}"  # the worker's own
             while time.time() < t_stop:
                 t0 = time.perf_counter()
                 r = c.post(f"/api/v1/workers/{wid}/lease",

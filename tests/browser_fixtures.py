@@ -83,10 +83,11 @@ def serve(database_url: str, tokens: dict[str, str], run_scheduler: bool = True)
 
 @dataclass
 class SimulatedWorker:
-    """A worker thread speaking the worker API: registers, leases ``batch`` trials at a
-    time and reports each after ``pace_s`` with a fixed, reproducible cost (drawn from
-    the trial id), every ``fail_every``-th report a failure with ``fail_error_no``. It
-    builds and runs nothing, so trials arrive at a steady, known rate."""
+    """A worker thread speaking the worker API: registers (with the fleet's worker token,
+    then speaks with its own), leases ``batch`` trials at a time and reports each after
+    ``pace_s`` with a fixed, reproducible cost (drawn from the trial id), every
+    ``fail_every``-th report a failure with ``fail_error_no``. It builds and runs
+    nothing, so trials arrive at a steady, known rate."""
 
     url: str
     token: str
@@ -111,6 +112,8 @@ class SimulatedWorker:
             "name": self.name, "target": self.target, "device": self.device})
         answer.raise_for_status()
         self.worker_id = int(answer.json()["id"])
+        # every later call speaks for this worker with the token its registration returned
+        self._client.headers["Authorization"] = f"Bearer {answer.json()['token']}"
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
         return self

@@ -77,18 +77,24 @@ class Api:
         return int(self.ok("POST", "/api/v1/jobs", json=body)["id"])
 
     def register(self, name: str, device: str | None = None) -> int:
+        """Register with the fleet's worker token; keep the worker's own token (its
+        later calls need it) under ``worker <id>``."""
         body: dict[str, Any] = {"name": name, "target": FAKE_TARGET}
         if device:
             body["device"] = device
-        return int(self.ok("POST", "/api/v1/workers", role="worker", json=body)["id"])
+        answer = self.ok("POST", "/api/v1/workers", role="worker", json=body)
+        self.tokens[f"worker {answer['id']}"] = answer["token"]
+        return int(answer["id"])
 
     def lease(self, worker_id: int, n: int) -> list[int]:
-        trials = self.ok("POST", f"/api/v1/workers/{worker_id}/lease", role="worker",
+        trials = self.ok("POST", f"/api/v1/workers/{worker_id}/lease",
+                         role=f"worker {worker_id}",
                          json={"max_trials": n, "wait_s": 0})["trials"]
         return [t["trial_id"] for t in trials]
 
     def report(self, worker_id: int, trial_id: int, res: dict[str, Any]) -> None:
-        answer = self.ok("POST", f"/api/v1/workers/{worker_id}/results", role="worker",
+        answer = self.ok("POST", f"/api/v1/workers/{worker_id}/results",
+                         role=f"worker {worker_id}",
                          json={"results": [{"trial_id": trial_id, "result": res}]})
         assert answer["accepted"] == 1, answer
 
@@ -165,8 +171,9 @@ def seeded(make_api: Callable[[], Api]) -> Seeded:
 
 
 def test_workers_endpoint(seeded: Seeded) -> None:
-    """Each worker's target, device, heartbeat, alive flag, trials/min and error rate
-    over the last 10 minutes, and its trials done."""
+    """Each worker's target, device, heartbeat, alive and stopped flags, trials/min and
+    error rate over the last 10 minutes, and its trials done; a deregistered worker
+    shows stopped and not alive, its figures kept."""
     rows = {w["id"]: w for w in seeded.api.ok("GET", "/api/v1/workers")}
     assert set(rows) == {seeded.busy, seeded.idle}
     busy, idle = rows[seeded.busy], rows[seeded.idle]
@@ -180,6 +187,12 @@ def test_workers_endpoint(seeded: Seeded) -> None:
     assert busy["trials_done"] == 6
     assert idle["trials_per_minute"] == 0 and idle["error_rate"] is None
     assert idle["trials_done"] == 0
+    assert busy["stopped"] is False and idle["stopped"] is False
+    gone = seeded.api.ok("DELETE", f"/api/v1/workers/{seeded.busy}",
+                         role=f"worker {seeded.busy}")
+    assert gone == {"id": seeded.busy, "released": 0}
+    busy = {w["id"]: w for w in seeded.api.ok("GET", "/api/v1/workers")}[seeded.busy]
+    assert (busy["alive"], busy["stopped"], busy["trials_done"]) == (False, True, 6)
 
 
 def test_workers_window_is_ten_minutes(seeded: Seeded) -> None:
@@ -254,12 +267,19 @@ def test_task_trials_in_order_and_incrementally(seeded: Seeded) -> None:
     assert missing.status_code == 404
 
 
+def _config(template: str, args: list[Any], index: int) -> dict[str, Any]:
+    """Point ``index`` of the template's space, as a record line holds it (an import
+    refuses a config that is not a point of the space)."""
+    space = get_template(template).space(Workload(template=template, args=args))
+    config: dict[str, Any] = space.get(index).to_json()
+    return config
+
+
 def _line(target: str, template: str, args: list[Any], cost: float | None, index: int,
           error_no: int = 0) -> str:
     costs = [cost] if cost is not None else [1e9]
-    entity = [["tile_k", "sp", [-1, index + 1]], ["auto_unroll_max_step", "ot", 16]]
     return json.dumps({"input": [target, template, args, {}],
-                       "config": {"index": index, "code_hash": None, "entity": entity},
+                       "config": _config(template, args, index),
                        "result": [costs, error_no, 0.1, 1700000000.0 + index],
                        "version": 0.2, "tvm_version": "0.19.dev0"})
 
@@ -294,7 +314,9 @@ def test_records_search(make_api: Callable[[], Api]) -> None:
     assert row["template"] == DENSE and row["args"] == DENSE_ARGS
     assert row["cost"] == pytest.approx(1e-5)
     assert row["gflops"] == pytest.approx(DENSE_FLOPS / 1e-5 / 1e9)
-    assert row["knobs"] == {"tile_k": [-1, 3], "auto_unroll_max_step": 16}
+    assert row["knobs"] == {name: value for name, _kind, value
+                            in _config(DENSE, DENSE_ARGS, 2)["entity"]}
+    assert row["knobs"]["tile_k"][0] == -1
     assert "[1,256]" in row["workload_key"]
     # a bare kind: one best per model
     assert {r["target"] for r in search(target="cuda", template=DENSE,
@@ -339,8 +361,9 @@ def test_dashboard_endpoints_need_a_client_token(seeded: Seeded, method: str,
     assert api.call(method, path, role=None).status_code == 401
     bogus = api.client.request(method, path, headers={"Authorization": "Bearer tun_client_x"})
     assert bogus.status_code == 401
-    worker = api.call(method, path, role="worker").status_code
-    assert worker == (200 if path.startswith("/api/v1/logs") else 403)
+    for worker in ("worker", f"worker {seeded.busy}"):  # the fleet's token, a worker's own
+        status = api.call(method, path, role=worker).status_code
+        assert status == (200 if path.startswith("/api/v1/logs") else 403), worker
     assert api.call(method, path, role="client").status_code == 200
     assert api.call(method, path, role="admin").status_code == 200
 

@@ -1,22 +1,38 @@
-"""Worker routes: list (with stats), register, lease (long-poll), heartbeat, results, release."""
+"""Worker routes: list (with stats), register, lease (long-poll), heartbeat, results,
+release, deregister. Registering hands out a token bound to that worker; every later
+call for it needs that token (or an admin's)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 from sqlalchemy.orm import Session
 
 from schemas import DeviceLimits, MeasureResult, Target
-from tuner_server.api.deps import BodyId, Caller, PathId, get_session, require
+from schemas.target import check_text
+from tuner_server.api.deps import (
+    BodyId,
+    Caller,
+    PathId,
+    get_session,
+    require,
+    require_worker_self,
+)
 from tuner_server.services import dispatch, fleet
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
+
+# A result's info (worker name, build log excerpts) rides in every record's line.
+MAX_INFO_CHARS = 16384
 
 
 class WorkerRegistration(BaseModel):
@@ -26,6 +42,12 @@ class WorkerRegistration(BaseModel):
     device: str | None = Field(None, min_length=1, max_length=255,
                                description="the device's own name, e.g. NVIDIA H200")
 
+    @field_validator("name", "device")
+    @classmethod
+    def _printable(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # stored in VARCHAR columns and shown on terminals: PostgreSQL refuses NUL
+        return value if value is None else check_text(value, str(info.field_name))
+
 
 class WorkerInfo(BaseModel):
     id: int
@@ -33,7 +55,9 @@ class WorkerInfo(BaseModel):
     target: str
     device: str = Field(description="the device's name, else the target's model")
     last_heartbeat: float = Field(description="unix seconds of its last contact")
-    alive: bool = Field(description="seen within the server's lease time")
+    alive: bool = Field(description="serving: not deregistered, and seen within the "
+                                    "server's lease time")
+    stopped: bool = Field(description="deregistered (the worker stopped)")
     trials_per_minute: float = Field(description="results in the last 10 minutes / 10")
     error_rate: float | None = Field(
         description="share of the last 10 minutes' results with error_no != 0; "
@@ -53,7 +77,15 @@ class TrialIds(BaseModel):
 class TrialResult(BaseModel):
     trial_id: BodyId
     result: MeasureResult
-    info: dict[str, Any] | None = None
+    info: dict[str, Any] | None = Field(
+        None, description=f"kept with the record; at most {MAX_INFO_CHARS} characters of JSON")
+
+    @field_validator("info")
+    @classmethod
+    def _small(cls, info: dict[str, Any] | None) -> dict[str, Any] | None:
+        if info is not None and len(json.dumps(info)) > MAX_INFO_CHARS:
+            raise ValueError(f"at most {MAX_INFO_CHARS} characters of JSON")
+        return info
 
     @field_validator("result")
     @classmethod
@@ -81,6 +113,15 @@ def _worker(session: Session, worker_id: int) -> Any:
     return worker
 
 
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """A request at odds with the worker's state or leases: 409 with the reason."""
+    try:
+        yield
+    except dispatch.WorkerRefused as err:
+        raise HTTPException(409, str(err)) from None
+
+
 @router.get("", response_model=list[WorkerInfo])
 def list_workers(request: Request, session: Session = Depends(get_session),
                  _caller: Caller = Depends(require("client"))) -> list[WorkerInfo]:
@@ -89,16 +130,29 @@ def list_workers(request: Request, session: Session = Depends(get_session),
 
 
 @router.post("", status_code=201)
-def register(body: WorkerRegistration, session: Session = Depends(get_session),
+def register(body: WorkerRegistration, request: Request,
+             session: Session = Depends(get_session),
              _caller: Caller = Depends(require("worker"))) -> dict[str, Any]:
-    worker_id = dispatch.register(session, body.name, body.target, body.limits, body.device)
+    """Any worker token may register; the answer's token is the worker's own."""
+    worker_id, token = dispatch.register(session, body.name, body.target, body.limits,
+                                         body.device, request.app.state.settings.lease_seconds)
     session.commit()
-    return {"id": worker_id}
+    return {"id": worker_id, "token": token}
+
+
+@router.delete("/{worker_id}")
+def deregister(worker_id: PathId, request: Request, session: Session = Depends(get_session),
+               _caller: Caller = Depends(require_worker_self)) -> dict[str, int]:
+    """The worker stops: its leased trials go back to the queue (not failed attempts)."""
+    trials = dispatch.deregister(session, _worker(session, worker_id))
+    session.commit()
+    request.app.state.queue.returned(trials)
+    return {"id": worker_id, "released": len(trials)}
 
 
 @router.post("/{worker_id}/lease")
 async def lease(worker_id: PathId, body: LeaseRequest, request: Request,
-                _caller: Caller = Depends(require("worker"))) -> dict[str, Any]:
+                _caller: Caller = Depends(require_worker_self)) -> dict[str, Any]:
     app = request.app
     deadline = time.time() + body.wait_s
     while True:
@@ -113,9 +167,11 @@ async def lease(worker_id: PathId, body: LeaseRequest, request: Request,
 def _lease_once(app: Any, worker_id: int, max_trials: int) -> list[dict[str, Any]]:
     with app.state.sessions() as session:
         worker = _worker(session, worker_id)
-        trials = dispatch.lease(session, app.state.queue, worker, max_trials,
-                                app.state.settings.lease_seconds)
+        with _refusals():
+            trials, failed = dispatch.lease(session, app.state.queue, worker, max_trials,
+                                            app.state.settings.lease_seconds)
         session.commit()
+    app.state.queue.finished(failed)
     app.state.metrics.leased(len(trials))
     return trials
 
@@ -123,7 +179,7 @@ def _lease_once(app: Any, worker_id: int, max_trials: int) -> list[dict[str, Any
 @router.post("/{worker_id}/heartbeat")
 def heartbeat(worker_id: PathId, body: TrialIds, request: Request,
               session: Session = Depends(get_session),
-              _caller: Caller = Depends(require("worker"))) -> dict[str, int]:
+              _caller: Caller = Depends(require_worker_self)) -> dict[str, int]:
     extended = dispatch.heartbeat(session, _worker(session, worker_id), body.trial_ids,
                                   request.app.state.settings.lease_seconds)
     session.commit()
@@ -133,20 +189,22 @@ def heartbeat(worker_id: PathId, body: TrialIds, request: Request,
 @router.post("/{worker_id}/results")
 def results(worker_id: PathId, body: Results, request: Request,
             session: Session = Depends(get_session),
-            _caller: Caller = Depends(require("worker"))) -> dict[str, Any]:
-    counts = dispatch.report(session, _worker(session, worker_id),
-                             [(r.trial_id, r.result, r.info) for r in body.results])
+            _caller: Caller = Depends(require_worker_self)) -> dict[str, int]:
+    """All or nothing: 409 when any result is for a trial not leased to this worker."""
+    worker = _worker(session, worker_id)
+    with _refusals():
+        counts = dispatch.report(session, worker,
+                                 [(r.trial_id, r.result, r.info) for r in body.results])
     session.commit()
     request.app.state.queue.finished([r.trial_id for r in body.results])
     request.app.state.metrics.recorded(counts.accepted)
-    return {"accepted": counts.accepted, "duplicates": counts.duplicates,
-            "unknown": counts.unknown}
+    return {"accepted": counts.accepted, "duplicates": counts.duplicates}
 
 
 @router.post("/{worker_id}/release")
 def release(worker_id: PathId, body: TrialIds, request: Request,
             session: Session = Depends(get_session),
-            _caller: Caller = Depends(require("worker"))) -> dict[str, int]:
+            _caller: Caller = Depends(require_worker_self)) -> dict[str, int]:
     trials = dispatch.release(session, _worker(session, worker_id), body.trial_ids)
     session.commit()
     request.app.state.queue.returned(trials)

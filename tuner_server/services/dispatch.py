@@ -1,9 +1,12 @@
-"""Workers and their leases: register, lease, heartbeat, report, release, reclaim."""
+"""Workers and their leases: register, lease, heartbeat, report, release, deregister,
+reclaim. A worker speaks only for its own leases: a result is stored only from the
+worker that holds the trial."""
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import insert, select, update
@@ -23,39 +26,84 @@ from schemas import (
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import DispatchQueue, queue_matches
 from tuner_server.services.records import record_row
+from tuner_server.services.tokens import bind_worker_token, revoke_worker_tokens
 
-MAX_ATTEMPTS = 3
+log = logging.getLogger("tuner.dispatch")
+
+# A trial whose lease expired this many times lost as many workers (it may be what
+# kills them): it is recorded as failed instead of being handed to another.
+MAX_ATTEMPTS = 2
+# Trials a refusal names; the rest are counted.
+REFUSAL_IDS = 20
+
+
+class WorkerRefused(ValueError):
+    """The request conflicts with the worker's state or leases (a 409); nothing changed."""
 
 
 @dataclass
 class ReportCounts:
     accepted: int = 0
     duplicates: int = 0
-    unknown: list[int] = field(default_factory=list)
 
 
 def register(session: Session, name: str, target: Target, limits: DeviceLimits,
-             device: str | None = None) -> int:
-    worker = WorkerRow(name=name, target=str(target), limits=limits.model_dump(),
-                       last_seen=time.time(), device=device)
-    session.add(worker)
+             device: str | None, lease_s: float) -> tuple[int, str]:
+    """Register a worker; returns (its id, a new token bound to it).
+
+    A worker of the same name and target that deregistered or has not been seen within
+    a lease is this one come back (a restart, the next embedded run): its row is reused,
+    so the fleet does not fill with dead rows. A live namesake is another worker."""
+    now = time.time()
+    worker = session.scalars(
+        select(WorkerRow)
+        .where(WorkerRow.name == name, WorkerRow.target == str(target),
+               WorkerRow.stopped_at.is_not(None) | (WorkerRow.last_seen < now - lease_s))
+        .order_by(WorkerRow.id.desc()).limit(1)
+        .with_for_update().execution_options(populate_existing=True)).first()
+    if worker is None:
+        worker = WorkerRow(name=name, target=str(target))
+        session.add(worker)
+    worker.limits, worker.device = limits.model_dump(), device
+    worker.last_seen, worker.stopped_at = now, None
     session.flush()
-    return worker.id
+    return worker.id, bind_worker_token(session, worker.id, name)
 
 
 def get_worker(session: Session, worker_id: int) -> WorkerRow | None:
     return session.get(WorkerRow, worker_id)
 
 
+def _served_target(worker: WorkerRow) -> Target:
+    """The worker's target, or a refusal saying how to recover (a row written before
+    targets were checked to round-trip)."""
+    try:
+        return Target.parse(worker.target)
+    except ValueError:
+        raise WorkerRefused(f"worker {worker.id}'s target {worker.target[:100]!r} does not "
+                            "parse; register again") from None
+
+
 def lease(session: Session, queue: DispatchQueue, worker: WorkerRow, limit: int,
-          lease_s: float) -> list[dict[str, Any]]:
-    """Lease up to ``limit`` trials for the worker's target; caller commits."""
+          lease_s: float) -> tuple[list[dict[str, Any]], list[int]]:
+    """Lease up to ``limit`` trials for the worker's target; caller commits.
+
+    Returns (the trials handed out, ids of trials failed instead). A queue may hand
+    over an expired lease before the scheduler reclaims it (Redis's XAUTOCLAIM): a
+    trial that has lost MAX_ATTEMPTS workers that way is failed here, not measured."""
+    if worker.stopped_at is not None:
+        raise WorkerRefused(f"worker {worker.id} deregistered; register again")
+    matches = queue_matches(_served_target(worker))
     now = time.time()
     worker.last_seen = now
-    trials = queue.lease(session, worker.id, queue_matches(Target.parse(worker.target)),
-                         limit, lease_s, now)
-    out = []
+    trials = queue.lease(session, worker.id, matches, limit, lease_s, now)
+    out, failed = [], []
     for trial in trials:
+        if trial.attempts > MAX_ATTEMPTS:  # this lease is the one past the limit
+            trial.worker_id = None  # not this worker's failure: it never held it
+            _fail_lost(session, trial, trial.attempts - 1)
+            failed.append(trial.id)
+            continue
         task = session.get(TaskRow, trial.task_id)
         assert task is not None
         job = session.get(JobRow, task.job_id)
@@ -63,7 +111,7 @@ def lease(session: Session, queue: DispatchQueue, worker: WorkerRow, limit: int,
         out.append({"trial_id": trial.id, "task_id": task.id, "template": task.template,
                     "args": task.args, "config": trial.config, "target": job.target,
                     "measure": job.measure, "lease_deadline": trial.lease_deadline})
-    return out
+    return out, failed
 
 
 def heartbeat(session: Session, worker: WorkerRow, trial_ids: list[int],
@@ -80,14 +128,28 @@ def heartbeat(session: Session, worker: WorkerRow, trial_ids: list[int],
     return result.rowcount  # type: ignore[attr-defined,no-any-return]
 
 
-def release(session: Session, worker: WorkerRow, trial_ids: list[int]) -> list[TrialRow]:
-    """Give trials back unmeasured (a worker shutting down): not a failed attempt."""
-    trials = list(session.scalars(select(TrialRow).where(
-        TrialRow.id.in_(trial_ids), TrialRow.worker_id == worker.id,
-        TrialRow.status == "leased")))
+def release(session: Session, worker: WorkerRow, trial_ids: list[int] | None
+            ) -> list[TrialRow]:
+    """Give trials back unmeasured (a worker shutting down): not a failed attempt.
+
+    ``None``: every trial the worker holds."""
+    query = select(TrialRow).where(TrialRow.worker_id == worker.id,
+                                   TrialRow.status == "leased")
+    if trial_ids is not None:
+        query = query.where(TrialRow.id.in_(trial_ids))
+    trials = list(session.scalars(query.with_for_update()))
     for trial in trials:
         trial.status, trial.worker_id, trial.lease_deadline = "queued", None, None
         trial.attempts = max(trial.attempts - 1, 0)
+    return trials
+
+
+def deregister(session: Session, worker: WorkerRow) -> list[TrialRow]:
+    """The worker stops (SIGTERM): its leases go back to the queue uncounted, it shows
+    stopped, and its tokens stop working. Returns the trials it gave back."""
+    trials = release(session, worker, None)
+    worker.stopped_at = time.time()
+    revoke_worker_tokens(session, worker.id)
     return trials
 
 
@@ -100,7 +162,8 @@ def _store(session: Session, outcomes: list[Outcome]) -> bool:
     False (and nothing stored) when another report already recorded one of them. A
     record carries the measuring device's target (``opencl -model=pocl-cpu``), not the
     job's (which may be a bare ``opencl``). Task counters end as one-at-a-time updates
-    would leave them: the first of equal costs is the best."""
+    would leave them: the first of equal costs is the best. Raises ValueError (nothing
+    stored) when a trial's task row does not decode into a record."""
     tasks = {t.id: t for t in session.scalars(
         select(TaskRow).where(TaskRow.id.in_(sorted({t.task_id for t, *_ in outcomes}))))}
     rows = [dict(record_row(Record.from_measure(
@@ -135,12 +198,42 @@ def _store(session: Session, outcomes: list[Outcome]) -> bool:
     return True
 
 
+def _refusal(trial: TrialRow | None, worker: WorkerRow) -> str:
+    """Why this worker may not report this trial (what follows "trial N is")."""
+    if trial is None:
+        return ""
+    if trial.status == "leased":
+        return f"leased to worker {trial.worker_id}"
+    return f"{trial.status}, not leased to worker {worker.id}"
+
+
+def _refused(reasons: dict[int, str]) -> str:
+    """One sentence naming the first REFUSAL_IDS trials, grouped by reason."""
+    groups: dict[str, list[int]] = {}
+    for trial_id in list(reasons)[:REFUSAL_IDS]:
+        groups.setdefault(reasons[trial_id], []).append(trial_id)
+    parts = []
+    for why, ids in groups.items():
+        many = len(ids) > 1
+        named = f"trial{'s' if many else ''} {', '.join(map(str, ids))}"
+        verb = ("do not exist" if many else "does not exist") if not why else (
+            f"{'are' if many else 'is'} {why}")
+        parts.append(f"{named} {verb}")
+    more = len(reasons) - REFUSAL_IDS
+    return (f"results refused, nothing stored: {'; '.join(parts)}"
+            + (f"; and {more} more" if more > 0 else ""))
+
+
 def report(session: Session, worker: WorkerRow,
            results: list[tuple[int, MeasureResult, dict[str, Any] | None]]) -> ReportCounts:
-    """Accept each trial's result once; a repeat is a no-op, not a second record.
+    """Store results for trials leased to this worker, each once.
 
-    The trials are locked in one SELECT (id order) and stored as one batch; should the
-    batch hit a record another report stored first, it goes again trial by trial."""
+    A repeat of a result this worker already stored (or of a trial cancelled while it
+    held it) is a duplicate, so retries are safe. Any other trial (unknown, queued,
+    leased to or measured by another worker) refuses the whole request: nothing is
+    stored. The trials are locked in one SELECT (id order) and stored as one batch;
+    should the batch hit a record stored first, it goes again trial by trial."""
+    target = str(_served_target(worker))
     worker.last_seen = time.time()
     counts = ReportCounts()
     ids = sorted({trial_id for trial_id, _result, _info in results})
@@ -149,53 +242,87 @@ def report(session: Session, worker: WorkerRow,
         .with_for_update().execution_options(populate_existing=True))} if ids else {}
     fresh: list[Outcome] = []
     taken: set[int] = set()
+    refused: dict[int, str] = {}
     for trial_id, result, info in results:
         trial = trials.get(trial_id)
-        if trial is None:
-            counts.unknown.append(trial_id)
-        elif trial.status in ("done", "cancelled") or trial_id in taken:
+        if trial_id in taken or (trial is not None and trial.worker_id == worker.id
+                                 and trial.status in ("done", "cancelled")):
             counts.duplicates += 1
+        elif trial is None or trial.status != "leased" or trial.worker_id != worker.id:
+            refused[trial_id] = _refusal(trial, worker)
         else:
             taken.add(trial_id)
-            fresh.append((trial, result, worker.target, dict(info or {}, worker=worker.name)))
+            fresh.append((trial, result, target, dict(info or {}, worker=worker.name)))
+    if refused:
+        raise WorkerRefused(_refused(refused))
     if not fresh:
         return counts
-    if _store(session, fresh):
-        counts.accepted += len(fresh)
-        return counts
-    for outcome in fresh:  # a concurrent report won some of them
-        if _store(session, [outcome]):
-            counts.accepted += 1
-        else:
-            counts.duplicates += 1
+    try:
+        if _store(session, fresh):
+            counts.accepted += len(fresh)
+            return counts
+        for outcome in fresh:  # a concurrent report of this worker's won some of them
+            if _store(session, [outcome]):
+                counts.accepted += 1
+            else:
+                counts.duplicates += 1
+    except ValueError as err:
+        raise WorkerRefused(f"results refused, nothing stored: a trial's task does not "
+                            f"decode ({str(err)[:200]})") from None
     return counts
 
 
-def reclaim_expired(session: Session, now: float | None = None) -> tuple[list[TrialRow], int]:
-    """Expired leases go back to the queue; the third expiry is recorded as a failure.
+def _fail_lost(session: Session, trial: TrialRow, lost: int) -> bool:
+    """Record a trial that lost ``lost`` workers (their leases expired) as failed, error
+    8; False when a concurrent report stored it first. The record's target is its last
+    worker's, else the job's, else the trial's queue: the first that parses. A trial
+    whose failure cannot be recorded (a corrupt row) is set aside as done with error 8
+    and no record: it neither stops the caller nor comes back."""
+    times = "twice" if lost == 2 else f"{lost} times"
+    result = MeasureResult.failure(MeasureErrorNo.UNKNOWN_ERROR,
+                                   f"lease expired {times}: it lost {lost} workers")
+    worker = session.get(WorkerRow, trial.worker_id) if trial.worker_id else None
+    task = session.get(TaskRow, trial.task_id)
+    job = session.get(JobRow, task.job_id) if task else None
+    why = "no target of it parses"
+    for text in (worker.target if worker else None, job.target if job else None,
+                 trial.queue):
+        if text is None:
+            continue
+        try:
+            target = str(Target.parse(text))
+        except ValueError:
+            continue
+        try:
+            return _store(session, [(trial, result, target, None)])
+        except ValueError as err:  # its task or config does not decode
+            why = str(err)[:200]
+            break
+    log.error("trial %s lost %s workers; its failure cannot be recorded: %s",
+              trial.id, lost, why)
+    trial.status, trial.lease_deadline = "done", None
+    trial.error_no = int(MeasureErrorNo.UNKNOWN_ERROR)
+    return True
 
-    Returns (trials requeued, trials given up)."""
+
+def reclaim_expired(session: Session, now: float | None = None) -> tuple[list[TrialRow], int]:
+    """Expired leases go back to the queue; a trial whose lease expired twice is
+    recorded as failed (error 8) instead. Returns (trials requeued, trials given up)."""
     now = time.time() if now is None else now
     expired = list(session.scalars(select(TrialRow).where(
         TrialRow.status == "leased", TrialRow.lease_deadline < now).with_for_update()))
     requeued, failed = [], 0
     for trial in expired:
-        if trial.attempts >= MAX_ATTEMPTS:
-            result = MeasureResult.failure(
-                MeasureErrorNo.UNKNOWN_ERROR,
-                f"lease expired {trial.attempts} times: the worker measuring it was lost")
-            lost = session.get(WorkerRow, trial.worker_id) if trial.worker_id else None
-            task = session.get(TaskRow, trial.task_id)
-            job = session.get(JobRow, task.job_id) if task else None
-            target = lost.target if lost else (job.target if job else "unknown")
-            if _store(session, [(trial, result, target, None)]):
-                failed += 1
-        else:
+        if trial.attempts < MAX_ATTEMPTS:
             trial.status, trial.worker_id, trial.lease_deadline = "queued", None, None
             requeued.append(trial)
+        elif _fail_lost(session, trial, trial.attempts):
+            failed += 1
     return requeued, failed
 
 
 def workers_alive(session: Session, within_s: float = 60.0) -> int:
+    """Workers that serve: registered, not deregistered, seen within ``within_s``."""
     cutoff = time.time() - within_s
-    return len(session.scalars(select(WorkerRow.id).where(WorkerRow.last_seen >= cutoff)).all())
+    return len(session.scalars(select(WorkerRow.id).where(
+        WorkerRow.stopped_at.is_(None), WorkerRow.last_seen >= cutoff)).all())

@@ -24,10 +24,11 @@ class WorkerStats:
     target: str
     device: str  # the device's own name, else the target's model
     last_heartbeat: float  # unix seconds of its last lease, heartbeat or report
-    alive: bool
+    alive: bool  # serving: not deregistered, and seen within the lease
+    stopped: bool  # deregistered (it stopped on SIGTERM)
     trials_per_minute: float
     error_rate: float | None  # None: no results in the window
-    trials_done: int  # trials it has recorded (a lease it lost 3 times counts, error 8)
+    trials_done: int  # trials it has recorded (a trial that lost 2 workers counts, error 8)
 
 
 def _device(worker: WorkerRow) -> str:
@@ -41,12 +42,13 @@ def _device(worker: WorkerRow) -> str:
 
 def list_workers(session: Session, alive_within_s: float, now: float | None = None
                  ) -> list[WorkerStats]:
-    """Every registered worker, newest registration first.
+    """Every registered worker, the newest row first.
 
-    ``alive``: seen within ``alive_within_s`` (the server's lease: a busy worker beats
-    at a third of it, an idle one long-polls every few seconds). Counts come from two
-    GROUP BY queries: done trials through ``ix_trials_worker``, the last 10 minutes'
-    results through ``ix_records_created_at``, so neither reads the whole records table."""
+    ``alive``: not deregistered and seen within ``alive_within_s`` (the server's lease:
+    a busy worker beats at a third of it, an idle one long-polls every few seconds).
+    Counts come from two GROUP BY queries: done trials through ``ix_trials_worker``, the
+    last 10 minutes' results through ``ix_records_created_at``, so neither reads the
+    whole records table."""
     now = time.time() if now is None else now
     done = {worker_id: int(n) for worker_id, n in session.execute(
         select(TrialRow.worker_id, func.count())
@@ -66,7 +68,9 @@ def list_workers(session: Session, alive_within_s: float, now: float | None = No
         n, failed = recent.get(worker.id, (0, 0))
         out.append(WorkerStats(
             id=worker.id, name=worker.name, target=worker.target, device=_device(worker),
-            last_heartbeat=worker.last_seen, alive=worker.last_seen >= now - alive_within_s,
+            last_heartbeat=worker.last_seen,
+            alive=worker.stopped_at is None and worker.last_seen >= now - alive_within_s,
+            stopped=worker.stopped_at is not None,
             trials_per_minute=n / (WINDOW_S / 60), error_rate=failed / n if n else None,
             trials_done=int(done.get(worker.id, 0))))
     return out
