@@ -1,4 +1,5 @@
-"""Argument parsing shared by command groups: JSON options with errors naming the flag."""
+"""Argument parsing shared by command groups: JSON options with errors naming the flag,
+and the one-line form every error takes (``error: <what was wrong>; <what to do>``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from compiler.templates import (
     WorkloadError,
     get_template,
 )
-from schemas import Config, Workload
+from schemas import Config, MeasureOptions, Target, Workload
 
 if TYPE_CHECKING:
     from compiler.ir import Graph
@@ -29,9 +30,86 @@ QCONFIG = typer.Option(
          "round_for_shift, store_lowbit_output); repeatable; needs --quantize")
 
 
+MAX_ERROR = 600  # characters of an error line at most
+_database = {"url": ""}  # the database URL the running command uses, for error lines
+
+
+def one_line(text: str) -> str:
+    """``text`` on one bounded line: a driver's multi-line message made readable."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_ERROR else flat[:MAX_ERROR - 3] + "..."
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    """Exit ``code`` (2: a bad command line; 1: a failure) with one ``error:`` line."""
+    typer.echo(one_line(f"error: {message}"), err=True)
     raise typer.Exit(code)
+
+
+def error_text(err: Exception) -> str:
+    """A pydantic error's first problem in plain words; another error's message."""
+    if isinstance(err, ValidationError):
+        first = err.errors()[0]
+        return str(first["msg"]).removeprefix("Value error, ")
+    return str(err)
+
+
+def parse_target(text: str, flag: str = "--target") -> Target:
+    try:
+        return Target.parse(text)
+    except ValueError as err:  # pydantic's ValidationError is one
+        fail(f"{flag}: {error_text(err)}; write it like 'opencl -model=pocl-cpu' or "
+             f"'cuda -model=h200 -arch=sm_90'")
+
+
+MEASURE_FLAGS = {"number": "--number", "repeat": "--repeat",
+                 "min_repeat_ms": "--min-repeat-ms", "timeout_s": "--timeout"}
+
+
+def measure_options(number: int, repeat: int, min_repeat_ms: float,
+                    timeout: float) -> MeasureOptions:
+    """The timing options, refused (exit 2, naming the flag) outside what a worker can
+    honour."""
+    try:
+        return MeasureOptions(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                              timeout_s=timeout)
+    except ValidationError as err:
+        first = err.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else ""
+        fail(f"{MEASURE_FLAGS.get(name, name)}: {first['msg']}")
+
+
+def note_database(url: str) -> str:
+    """Remember the URL a command opens, so a database error can name it."""
+    _database["url"] = url
+    return url
+
+
+def database_in_use() -> str:
+    """The database URL of the running command, its password hidden."""
+    url = _database["url"]
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL is shown as given
+        return url
+
+
+def check_server_url(url: str, flag: str = "--server") -> str:
+    """A server URL must be http(s)://HOST[:PORT]: refused before anything starts."""
+    import httpx
+
+    if not url.startswith(("http://", "https://")):
+        fail(f"{flag}: {url!r} is not an http:// or https:// URL; give the tuning "
+             f"server's address, e.g. http://127.0.0.1:8600")
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as err:
+        fail(f"{flag}: {url!r}: {err}; give e.g. http://127.0.0.1:8600")
+    if not parsed.host:
+        fail(f"{flag}: {url!r} names no host; give e.g. http://127.0.0.1:8600")
+    return url.rstrip("/")
 
 
 def parse_json(text: str, flag: str) -> Any:

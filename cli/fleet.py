@@ -282,6 +282,8 @@ def job_view(job: dict[str, Any], eta_s: float | None = None, note: str | None =
         f"best {gflops(job_best(job))} GFLOP/s  tuner {job.get('tuner') or '-'}  "
         f"target {job.get('target') or '-'}")
     parts: list[RenderableType] = [header]
+    if job.get("note"):  # e.g. no live worker serves its target, and how to start one
+        parts.append(Text(f"note: {job['note']}", style="yellow"))
     if job.get("error"):
         parts.append(Text(f"error: {job['error']}", style="red"))
     table = Table(box=None, pad_edge=False)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from cli.common import fail, load_config, load_template, load_workload
+from cli.common import fail, load_config, load_template, load_workload, measure_options
 from compiler.runtime.isolate import IsolatedMeasurer
 from compiler.runtime.measure import MeasureRequest
 from compiler.templates import Epilogue
-from schemas import MeasureInput, MeasureOptions, Record, Target
+from schemas import MeasureInput, Record, Target
 
 
 def measure(
@@ -37,8 +37,7 @@ def measure(
         fused = Epilogue.parse(epilogue)
     except ValueError as err:
         fail(f"--epilogue: {err}")
-    options = MeasureOptions(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
-                             timeout_s=timeout)
+    options = measure_options(number, repeat, min_repeat_ms, timeout)
     request = MeasureRequest(tmpl.name, wl, cfg, options, fused)
     try:
         with IsolatedMeasurer(device, target) as measurer:

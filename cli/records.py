@@ -9,11 +9,17 @@ from pathlib import Path
 
 import httpx
 import typer
+from sqlalchemy.orm import Session, sessionmaker
 
-from cli.common import fail, load_template, load_workload
-from cli.db import DATABASE_URL, resolve_url
+from cli.common import (
+    check_server_url,
+    fail,
+    load_template,
+    load_workload,
+    parse_target,
+)
+from cli.db import DATABASE_URL, open_database
 from schemas import Record, Target
-from tuner_server.db.session import SchemaError, check_schema, make_engine, session_factory
 from tuner_server.services import records as svc
 
 records_app = typer.Typer(help="Tuning records (AutoTVM log lines).", no_args_is_help=True)
@@ -22,17 +28,12 @@ SERVER = typer.Option(None, "--server", envvar="TUNER_SERVER", help="server URL"
 TOKEN = typer.Option(None, "--token", envvar="TUNER_TOKEN", help="bearer token")
 
 
-def _sessions(database_url: str | None):  # type: ignore[no-untyped-def]
-    url = resolve_url(database_url)
-    engine = make_engine(url)
-    try:
-        check_schema(engine, url)
-    except SchemaError as err:
-        fail(str(err), code=1)
-    return session_factory(engine)
+def _sessions(database_url: str | None) -> sessionmaker[Session]:
+    return open_database(database_url)[1]
 
 
 def _client(server: str, token: str | None) -> httpx.Client:
+    server = check_server_url(server)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=server, headers=headers, timeout=60)
 
@@ -48,10 +49,7 @@ def _check(response: httpx.Response) -> httpx.Response:
 
 
 def _target(text: str) -> Target:
-    try:
-        return Target.parse(text)
-    except ValueError as err:
-        fail(f"--target: {err}")
+    return parse_target(text)
 
 
 @records_app.command("import")
@@ -62,24 +60,47 @@ def records_import(
     token: str | None = TOKEN,
 ) -> None:
     """Import AutoTVM log files; bad lines are listed, good ones kept."""
+    sessions = None if server else _sessions(database_url)
+    client = _client(server, token) if server else None
     failed = 0
     for path in files:
-        text = path.read_text()
-        if server:
-            body = _check(_client(server, token).post(
-                "/api/v1/records/import", content=text,
-                headers={"content-type": "text/plain"})).json()
-            accepted, errors = body["accepted"], [(e["line"], e["error"]) for e in body["errors"]]
+        lines, undecodable = read_log(path)
+        if client is not None:
+            body = _check(client.post("/api/v1/records/import", content="\n".join(lines),
+                                      headers={"content-type": "text/plain"})).json()
+            accepted, refused = body["accepted"], body.get("refused", len(body["errors"]))
+            errors = [(e["line"], e["error"]) for e in body["errors"]]
         else:
-            with _sessions(database_url).begin() as session:
-                report = svc.import_lines(session, text.splitlines())
-            accepted, errors = report.accepted, report.errors
-        typer.echo(f"{path}: {accepted} imported, {len(errors)} refused")
+            assert sessions is not None
+            with sessions.begin() as session:
+                report = svc.import_lines(session, lines)
+            accepted, refused, errors = report.accepted, report.refused, report.errors
+        # the answer lists the first refused lines only; ``refused`` counts them all
+        refused += len(undecodable)
+        errors = sorted(errors + undecodable)
+        typer.echo(f"{path}: {accepted} imported, {refused} refused")
         for number, why in errors:
             typer.echo(f"  line {number}: {why}", err=True)
-        failed += len(errors)
+        if refused > len(errors):
+            typer.echo(f"  ... and {refused - len(errors)} more", err=True)
+        failed += refused
     if failed:
         raise typer.Exit(1)
+
+
+def read_log(path: Path) -> tuple[list[str], list[tuple[int, str]]]:
+    """The file's lines, each decoded on its own: a line that is not UTF-8 is reported
+    (and left blank, so the others keep their numbers) instead of losing the file."""
+    lines: list[str] = []
+    bad: list[tuple[int, str]] = []
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            lines.append("")
+            why = f"not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1})"
+            bad.append((number, why))
+    return lines, bad
 
 
 @records_app.command("export")

@@ -9,10 +9,27 @@ import typer
 from cli.common import fail
 from cli.db import DATABASE_URL, resolve_url
 
+QUEUE_FORMS = "sql, or redis://HOST:PORT/DB"
+
+
+def check_queue_url(url: str) -> None:
+    """The queue URL must name a queue this server has, before anything starts."""
+    from urllib.parse import urlsplit
+
+    if url == "sql":
+        return
+    try:
+        parts = urlsplit(url)
+        _port = parts.port  # raises ValueError on a port that is not a number
+    except ValueError as err:
+        fail(f"--queue-url {url!r}: {err}; use {QUEUE_FORMS}")
+    if parts.scheme not in ("redis", "rediss", "unix") or not (parts.hostname or parts.path):
+        fail(f"--queue-url: {url!r} is not a queue URL; use {QUEUE_FORMS}")
+
 
 def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8600, "--port"),
+    port: int = typer.Option(8600, "--port", min=1, max=65535),
     database_url: str | None = DATABASE_URL,
     queue_url: str | None = typer.Option(None, "--queue-url", envvar="TUNER_QUEUE_URL",
                                          help="sql (default) or redis://127.0.0.1:6379/0"),
@@ -20,10 +37,12 @@ def serve(
                                 help="server processes (one core each; PostgreSQL only)"),
 ) -> None:
     """Serve the REST API (docs at /docs); the schema must be migrated first."""
+    if queue_url is not None:
+        check_queue_url(queue_url)
     import uvicorn
+    from pydantic import ValidationError
 
     from tuner_server.app import create_app
-    from tuner_server.db.session import SchemaError
     from tuner_server.settings import Settings
 
     url = resolve_url(database_url)
@@ -31,11 +50,18 @@ def serve(
         fail("--workers: several server processes need PostgreSQL; SQLite has one writer")
     try:
         settings = Settings(database_url=url)
-        if queue_url:
-            settings = settings.model_copy(update={"queue_url": queue_url})
+    except ValidationError as err:
+        first = err.errors()[0]
+        name = "TUNER_" + "_".join(str(p) for p in first["loc"]).upper()
+        fail(f"{name}: {first['msg']}; fix or unset that environment variable")
+    if queue_url:
+        settings = settings.model_copy(update={"queue_url": queue_url})
+    try:
         app = create_app(settings)  # checks the schema before anything listens
-    except SchemaError as err:
-        fail(str(err), code=1)
+    except ValueError as err:  # the environment's worker token, the queue URL
+        fail(f"{err}; fix the setting (--queue-url, TUNER_WORKER_TOKEN)", code=1)
+    app.state.queue.ping()  # and the queue: a fleet without its queue would accept jobs
+    #                         it cannot dispatch
     if workers == 1:
         uvicorn.run(app, host=host, port=port, log_level="info")
         return

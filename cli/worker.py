@@ -6,8 +6,10 @@ import logging
 
 import typer
 
-from cli.common import fail
-from workers.agent import WorkerAgent
+from cli.common import check_server_url, fail
+from workers.agent import ServerRefused, WorkerAgent
+
+MAX_NAME = 128  # workers.name
 
 
 def worker(
@@ -15,15 +17,24 @@ def worker(
     token: str = typer.Option(..., "--token", envvar="TUNER_TOKEN", help="a worker token"),
     device: str | None = typer.Option(None, "--device", help="e.g. opencl:0 or cuda:0"),
     name: str | None = typer.Option(None, "--name"),
-    batch: int = typer.Option(1, "--batch", min=1, help="trials leased at a time"),
-    max_trials: int | None = typer.Option(None, "--max-trials", help="exit after this many"),
+    batch: int = typer.Option(1, "--batch", min=1, max=1024, help="trials leased at a time"),
+    max_trials: int | None = typer.Option(None, "--max-trials", min=1,
+                                          help="exit after this many"),
 ) -> None:
     """Register, lease, measure (checked against numpy), report, until SIGTERM."""
+    server = check_server_url(server)
+    if name is not None and not (0 < len(name) <= MAX_NAME and name.isprintable()):
+        fail(f"--name: a worker name has 1 to {MAX_NAME} printable characters")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     agent = WorkerAgent(server, token, device, name, batch)
     agent.stop_on_signals()
     try:
         measured = agent.run(max_trials=max_trials)
+    except ServerRefused as err:
+        hint = ("pass a worker token with --token or TUNER_TOKEN (tuner token create --role "
+                "worker)" if err.status in (401, 403) else "see the server's log")
+        fail(f"the server refused this worker: {err}; {hint}", code=1)
     except RuntimeError as err:
-        fail(str(err), code=1)
+        fail(f"{err}; the worker stopped (its leased trials return when their leases "
+             f"expire)", code=1)
     typer.echo(f"measured {measured} trials")

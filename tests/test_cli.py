@@ -237,3 +237,69 @@ def test_serve_refuses_several_processes_on_sqlite(tmp_path: Path) -> None:
                                  f"sqlite:///{tmp_path / 'x.db'}"])
     assert result.exit_code == 2
     assert "--workers" in result.output and "PostgreSQL" in result.output
+
+
+# --- tokens --------------------------------------------------------------------------------
+
+
+def test_token_list_and_revoke(tmp_path: Path) -> None:
+    """`token list` shows id, name, role, worker, created (never a token); `token revoke`
+    takes an id or a name, and says so in one line (exit 1) when nothing matched."""
+    from server_fixtures import migrate
+
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    migrate(url)
+    created = invoke(["token", "create", "--role", "client", "--name", "ci",
+                      "--database-url", url])
+    assert created.exit_code == 0, created.output
+    secret = created.stdout.splitlines()[-1]
+    invoke(["token", "create", "--role", "worker", "--name", "gpus", "--database-url", url])
+    listed = invoke(["token", "list", "--database-url", url])
+    assert listed.exit_code == 0, listed.output
+    header, *rows = listed.stdout.splitlines()
+    assert header.split() == ["id", "name", "role", "worker", "created"]
+    assert [r.split()[:4] for r in rows] == [["1", "ci", "client", "-"],
+                                             ["2", "gpus", "worker", "-"]]
+    assert secret not in listed.stdout
+    gone = invoke(["token", "revoke", "gpus", "--database-url", url])
+    assert (gone.exit_code, gone.stdout.strip()) == (0, "revoked token 2 (gpus, worker)")
+    gone = invoke(["token", "revoke", "1", "--database-url", url])
+    assert gone.exit_code == 0, gone.output
+    assert invoke(["token", "list", "--database-url", url]).stdout.strip() == "no tokens"
+    missing = invoke(["token", "revoke", "gpus", "--database-url", url])
+    assert missing.exit_code == 1
+    assert missing.stderr.startswith("error: no token has the id or name 'gpus'")
+
+
+def test_embedded_runs_reuse_one_token_pair(tmp_path: Path) -> None:
+    """The embedded client and worker tokens live beside the SQLite file (mode 0600) and
+    are reused while the database has them; a revoked one is replaced."""
+    from server_fixtures import migrate
+
+    from cli.tune import embedded_tokens, tokens_file
+    from tuner_server.db.session import make_engine, session_factory
+    from tuner_server.services.tokens import list_tokens, lookup, revoke
+
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    migrate(url)
+    engine = make_engine(url)
+    try:
+        sessions = session_factory(engine)
+        first = embedded_tokens(sessions, url)
+        assert embedded_tokens(sessions, url) == first
+        path = tokens_file(url)
+        assert path == tmp_path / "tuner.db.tokens.json"
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert json.loads(path.read_text()) == first
+        with sessions.begin() as session:
+            assert [(t.role, t.worker_id) for t in list_tokens(session)] == [
+                ("client", None), ("worker", None)]
+            info = lookup(session, first["worker"])
+            assert info is not None
+            revoke(session, str(info.id))
+        again = embedded_tokens(sessions, url)
+        assert again["client"] == first["client"] and again["worker"] != first["worker"]
+        with sessions() as session:
+            assert len(list_tokens(session)) == 2
+    finally:
+        engine.dispose()

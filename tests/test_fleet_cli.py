@@ -5,6 +5,7 @@ ends when its job does, and one clear line with exit 1 for every error a user ca
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -70,8 +71,12 @@ class FakeWorker:
     def __init__(self, srv: LiveServer, name: str, device: str = "FakeCL 1.0") -> None:
         self.srv = srv
         self.http = srv.client("worker")
-        self.id = int(self.http.post("/api/v1/workers", json={
-            "name": name, "target": TARGET, "device": device}).raise_for_status().json()["id"])
+        answer = self.http.post("/api/v1/workers", json={
+            "name": name, "target": TARGET, "device": device}).raise_for_status().json()
+        self.id = int(answer["id"])
+        # the registration's token speaks for this worker; the one it registered with
+        # may only register
+        self.http.headers["Authorization"] = f"Bearer {answer['token']}"
 
     def plan(self) -> None:
         self.srv._server.config.app.state.scheduler.run_pass()
@@ -394,3 +399,213 @@ def test_a_server_that_is_not_a_tuner_is_exit_1(tmp_path: Path) -> None:
     client._http = httpx.Client(base_url="http://example.invalid", transport=transport)
     with pytest.raises(fleet.FleetError, match="has no GET /api/v1/workers"):
         client.workers()
+
+
+# ------------------------------------------------------------------ the worker agent
+
+class FakeMeasurer:
+    """Stands in for the agent's measuring child: its 2nd trial raises (as
+    ``timeout_s=1e300`` once did in the real one), the others measure 20 us."""
+
+    def __init__(self) -> None:
+        from compiler.runtime import DeviceInfo
+        from schemas import DeviceLimits, Target
+
+        self.device_info = DeviceInfo(spec="opencl:0", name="FakeCL 1.0", platform="fake",
+                                      target=Target.parse(TARGET), limits=DeviceLimits())
+        self.calls = 0
+
+    def start(self) -> Any:
+        return self.device_info
+
+    def measure(self, _request: Any) -> MeasureResult:
+        self.calls += 1
+        if self.calls == 2:
+            raise OverflowError("timeout value is too large")
+        return MeasureResult(costs=(2e-5,), error_no=MeasureErrorNo.NO_ERROR, all_cost=0.1)
+
+    def close(self) -> None:
+        pass
+
+
+def test_agent_survives_a_trial_that_raises_and_deregisters(tmp_path: Path) -> None:
+    """The agent registers with a register-only token and works with the one the answer
+    hands it; a trial whose measuring raises is recorded with its error number and the
+    worker goes on; a clean stop deregisters it (`tuner workers`: not alive)."""
+    from server_fixtures import make_tokens, migrate, start_server
+    from sqlalchemy import create_engine, text
+
+    from workers.agent import WorkerAgent
+
+    url = f"sqlite:///{tmp_path / 'agent.db'}"
+    migrate(url)
+    server = start_server(url, make_tokens(url), run_scheduler=True)
+    try:
+        agent = WorkerAgent(server.url, server.tokens["worker"], name="agent-test",
+                            wait_s=0.5)
+        agent._measurer = FakeMeasurer()  # type: ignore[assignment]
+        bad = agent.measure_trial({"template": DENSE, "args": DENSE_ARGS,
+                                   "config": {"index": 0, "entity": []},
+                                   "measure": {"timeout_s": -1}})
+        assert bad.error_no == MeasureErrorNo.INSTANTIATION_ERROR, bad
+        assert bad.error_msg and "timeout_s" in bad.error_msg
+        job_id = submit(server, n_trial=4)
+        assert agent.run(max_trials=4) == 4
+        job = get_job(server, job_id)
+        assert (job["status"], job["tasks"][0]["trials_done"]) == ("done", 4), job
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                errors = sorted(conn.execute(text("SELECT error_no FROM records")).scalars())
+        finally:
+            engine.dispose()
+        assert errors == [0, 0, 0, MeasureErrorNo.INSTANTIATION_ERROR], errors
+        result = tuner(server, "workers", role="admin")
+        row = next(line for line in result.stdout.splitlines() if " agent-test " in line)
+        assert " no " in row, row
+    finally:
+        server.stop()
+
+
+def _tune_on(srv: LiveServer, *extra: str) -> Any:
+    return tuner(srv, "tune", "--target", TARGET, "--template", DENSE, "--args",
+                 json.dumps(DENSE_ARGS), "--tuner", "random", "--number", "1", "--repeat",
+                 "1", "--min-repeat-ms", "0", *extra)
+
+
+def test_tune_exits_1_with_the_error_counts_when_every_trial_failed(
+        srv: LiveServer) -> None:
+    """A job whose trials all failed ends `failed`: `tune` says why in one line, exit 1."""
+    worker = FakeWorker(srv, "all-fail")
+
+    def fail_everything() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            jobs = [j for j in get_jobs(srv) if j["status"] not in fleet.FINAL]
+            if jobs:
+                worker.measure([None, None, None])
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=fail_everything)
+    thread.start()
+    result = _tune_on(srv, "--trials", "3")
+    thread.join(30)
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    assert "failed: all 3 trials failed: 3 x error 3" in errors[0], errors[0]
+
+
+def test_a_job_waiting_for_a_worker_says_so(srv: LiveServer,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """No live worker serves the job's target: `tuner job` shows the server's note and
+    `tune` warns once on stderr (then Ctrl-C cancels the job in one line, exit 130)."""
+    from cli import tune as tune_cli
+
+    body = {"target": "cuda -model=h200", "tasks": [{"template": DENSE, "args": DENSE_ARGS}],
+            "n_trial": 2, "measure": {"number": 1, "repeat": 1, "min_repeat_ms": 0}}
+    with srv.client("client") as http:
+        job_id = int(http.post("/api/v1/jobs", json=body).raise_for_status().json()["id"])
+    job = get_job(srv, job_id)
+    assert job["waiting_for_worker"] is True and job["note"], job
+    result = tuner(srv, "job", str(job_id))
+    assert result.exit_code == 0, result.output
+    assert "note: no live worker serves" in " ".join(result.stdout.split())
+
+    monkeypatch.setattr(tune_cli, "WAITING_WARN_S", 0.0)
+    real_sleep = time.sleep
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:  # Ctrl-C once the warning had its chance
+        naps.append(seconds)
+        if len(naps) > 3:
+            raise KeyboardInterrupt
+        real_sleep(seconds)
+
+    monkeypatch.setattr(tune_cli.time, "sleep", sleep)
+    result = tuner(srv, "tune", "--target", "cuda -model=h200", "--template", DENSE,
+                   "--args", json.dumps(DENSE_ARGS), "--trials", "2")
+    assert result.exit_code == 130, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2, result.stderr
+    assert lines[0].startswith("warning: job ") and "is waiting: no live worker" in lines[0]
+    cancelled = int(lines[0].split()[2])
+    assert lines[1] == f"interrupted: job {cancelled} cancelled"
+    assert get_job(srv, cancelled)["status"] == "cancelled"
+
+
+def get_jobs(srv: LiveServer) -> list[dict[str, Any]]:
+    with srv.client("client") as http:
+        rows: list[dict[str, Any]] = http.get("/api/v1/jobs").raise_for_status().json()
+    return rows
+
+
+class ScriptedServer:
+    """The worker API as an httpx transport that answers from a script and records every
+    call: (method, path, the Authorization header)."""
+
+    def __init__(self, answers: dict[str, list[tuple[int, Any]]]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, str, str]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        self.calls.append((request.method, path, request.headers.get("authorization", "")))
+        key = f"{request.method} {path.rsplit('/', 1)[-1] if path.count('/') > 4 else path}"
+        script = self.answers.get(key) or [(200, {})]
+        status, body = script.pop(0) if len(script) > 1 else script[0]
+        return httpx.Response(status, json=body)
+
+
+def _trial(trial_id: int) -> dict[str, Any]:
+    return {"trial_id": trial_id, "template": DENSE, "args": DENSE_ARGS,
+            "config": {"index": 0, "entity": []}, "measure": {"number": 1, "repeat": 1}}
+
+
+def _scripted_agent(answers: dict[str, list[tuple[int, Any]]]) -> tuple[Any, ScriptedServer]:
+    from workers.agent import WorkerAgent
+
+    server = ScriptedServer(answers)
+    agent = WorkerAgent("http://tuner.test", "bootstrap-token", name="scripted", wait_s=0)
+    agent._http = httpx.Client(base_url="http://tuner.test", transport=httpx.MockTransport(
+        server), headers={"Authorization": "Bearer bootstrap-token"})
+    agent._measurer = FakeMeasurer()  # type: ignore[assignment]
+    agent._measurer.calls = 2  # past the trial that raises
+    return agent, server
+
+
+def test_agent_rides_out_503_drops_a_409_and_deregisters() -> None:
+    """Registration answered 503 is retried; the answer's token is used from then on; a
+    result refused with 409 (no longer ours) is dropped without stopping the worker; a
+    clean end releases what it holds and deregisters."""
+    agent, server = _scripted_agent({
+        "POST /api/v1/workers": [(503, {"detail": "database unavailable: test"}),
+                                 (201, {"id": 7, "token": "tok-7"})],
+        "POST lease": [(200, {"trials": [_trial(1), _trial(2)]})],
+        "POST results": [(409, {"detail": "trial 1 is not leased to worker 7"}),
+                         (200, {"accepted": 1})],
+    })
+    assert agent.run(max_trials=2) == 2
+    paths = [(m, p) for m, p, _ in server.calls]
+    assert paths.count(("POST", "/api/v1/workers")) == 2
+    assert paths.count(("POST", "/api/v1/workers/7/results")) == 2
+    assert paths[-1] == ("DELETE", "/api/v1/workers/7")
+    assert {auth for _, p, auth in server.calls if p.startswith("/api/v1/workers/7")} == {
+        "Bearer tok-7"}
+
+
+def test_agent_that_crashes_gives_nothing_back() -> None:
+    """An error that escapes the loop (here: the token is refused mid-lease) neither
+    releases the lease nor deregisters: the server counts it as an attempt."""
+    from workers.agent import ServerRefused
+
+    agent, server = _scripted_agent({
+        "POST /api/v1/workers": [(201, {"id": 8, "token": "tok-8"})],
+        "POST lease": [(200, {"trials": [_trial(1), _trial(2)]})],
+        "POST results": [(401, {"detail": "unknown token"})],
+    })
+    with pytest.raises(ServerRefused):
+        agent.run()
+    methods = [(m, p.rsplit("/", 1)[-1]) for m, p, _ in server.calls]
+    assert ("POST", "release") not in methods and ("DELETE", "8") not in methods, methods

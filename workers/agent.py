@@ -1,8 +1,14 @@
 """The worker loop: register, lease trials, measure each in an isolated child, report.
 
 A kernel that hangs or crashes costs one trial (error 7 or 4) because measuring runs in
-a child process; a lost server is retried with backoff; SIGTERM finishes the trial in
-hand and gives the rest of the lease back.
+a child process; a trial that cannot even be set up (bad options, a config that does not
+decode, an error in the measurer) is reported as that trial's failure (error 1 or 8), so
+no one job can stop a worker. A lost or overloaded server (a transport error, any 5xx,
+503 included) is retried with backoff; a result the server fails on repeatedly (500) is
+dropped, not retried forever; a 409 (the trial is no longer ours) drops it at once.
+SIGTERM finishes the trial in hand, gives the rest of the lease back and deregisters; a
+crash gives nothing back, so the server counts the lease as an attempt (a trial that
+kills two workers is failed, not handed to a third).
 """
 
 from __future__ import annotations
@@ -15,18 +21,39 @@ import time
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from compiler.runtime.isolate import IsolatedMeasurer
 from compiler.runtime.measure import MeasureRequest
-from schemas import Config, MeasureOptions, Workload
+from schemas import Config, MeasureErrorNo, MeasureOptions, MeasureResult, Workload
 
 log = logging.getLogger("tuner.worker")
+
+MAX_MESSAGE = 2000  # characters of an exception's text reported with a failed trial
+MAX_500 = 5  # results the server failed on (500) this often are dropped, not retried
+
+
+class ServerRefused(RuntimeError):
+    """The server answered 4xx: retrying the same request would not help."""
+
+    def __init__(self, path: str, status: int, detail: str) -> None:
+        super().__init__(f"{path}: {status} {detail}")
+        self.status = status
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    return str(body.get("detail", body))[:500] if isinstance(body, dict) else str(body)[:500]
 
 
 class WorkerAgent:
     def __init__(self, server: str, token: str | None, device: str | None = None,
                  name: str | None = None, batch: int = 1, wait_s: float = 10.0,
                  heartbeat_s: float = 10.0, extra_modules: tuple[str, ...] = ()) -> None:
+        self._token = token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=server, headers=headers, timeout=wait_s + 30)
         self._measurer = IsolatedMeasurer(device, extra_modules=extra_modules)
@@ -34,21 +61,27 @@ class WorkerAgent:
         self._batch, self._wait_s, self._heartbeat_s = batch, wait_s, heartbeat_s
         self._held: list[int] = []
         self._lock = threading.Lock()
+        self._aborted = False
         self.stopping = threading.Event()
         self.worker_id: int | None = None
         self.measured = 0
 
     # -- HTTP with retries: the server may restart under us ---------------------------
-    def _post(self, path: str, body: dict[str, Any], retry: bool = True) -> Any:
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
+              retry: bool = True) -> Any:
         delay = 0.2
+        errors = 0  # 500s: a server that fails on this very body, not one that is down
         while True:
             try:
-                response = self._http.post(path, json=body)
+                response = self._http.request(method, path, json=body)
                 if response.status_code < 500:
                     if response.is_error:
-                        raise RuntimeError(f"{path}: {response.status_code} {response.text}")
+                        raise ServerRefused(path, response.status_code, _detail(response))
                     return response.json()
-                reason = f"{response.status_code} {response.text[:200]}"
+                reason = f"{response.status_code} {_detail(response)[:200]}"
+                errors += response.status_code == 500
+                if errors >= MAX_500 and path.endswith("/results"):
+                    raise ServerRefused(path, 500, _detail(response))
             except httpx.TransportError as err:
                 reason = str(err) or type(err).__name__
             if not retry or (self.stopping.is_set() and not path.endswith(("/results",
@@ -58,11 +91,20 @@ class WorkerAgent:
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    def _post(self, path: str, body: dict[str, Any], retry: bool = True) -> Any:
+        return self._call("POST", path, body, retry)
+
     def register(self) -> int:
+        """Register with the token given (a fleet's bootstrap token may only do this) and
+        use the token the answer hands back, which speaks for this worker alone."""
         info = self._measurer.start()
         body = {"name": self._name, "target": str(info.target),
                 "limits": info.limits.model_dump(), "device": info.name[:255] or None}
-        self.worker_id = int(self._post("/api/v1/workers", body)["id"])
+        answer = self._post("/api/v1/workers", body)
+        self.worker_id = int(answer["id"])
+        token = answer.get("token", self._token)
+        if token:
+            self._http.headers["Authorization"] = f"Bearer {token}"
         log.info("registered as worker %s for %s (%s)", self.worker_id, info.target, info.name)
         return self.worker_id
 
@@ -82,61 +124,110 @@ class WorkerAgent:
                     log.warning("heartbeat failed: %s", err)
 
     def run(self, max_trials: int | None = None, idle_exit_s: float | None = None) -> int:
-        """Serve until stopped (or ``max_trials`` measured, or idle ``idle_exit_s``)."""
+        """Serve until stopped (or ``max_trials`` measured, or idle ``idle_exit_s``).
+
+        A clean end gives back the trials not measured and deregisters; an exception
+        escaping the loop does neither (the leases expire and count as attempts)."""
         if self.worker_id is None:
             self.register()
         beat = threading.Thread(target=self._heartbeats, daemon=True)
         beat.start()
-        idle_since = time.time()
+        clean = False
         try:
-            while not self.stopping.is_set():
-                if max_trials is not None and self.measured >= max_trials:
-                    break
-                try:
-                    leased = self._post(f"/api/v1/workers/{self.worker_id}/lease",
-                                        {"max_trials": self._batch, "wait_s": self._wait_s})
-                except RuntimeError:
-                    if self.stopping.is_set():
-                        break
-                    raise
-                trials = leased["trials"]
-                if "lease_seconds" in leased:  # beat well inside the server's lease
-                    self._heartbeat_s = min(self._heartbeat_s, leased["lease_seconds"] / 3)
-                if not trials:
-                    if idle_exit_s is not None and time.time() - idle_since > idle_exit_s:
-                        break
-                    continue
-                idle_since = time.time()
-                with self._lock:
-                    self._held = [t["trial_id"] for t in trials]
-                for trial in trials:
-                    if self.stopping.is_set():
-                        break
-                    self._measure_and_report(trial)
-                self._release_held()
+            self._serve(max_trials, idle_exit_s)
+            clean = True
         finally:
             self.stopping.set()
-            self._release_held()
             self._measurer.close()
+            if clean:
+                self._release_held()
+                self.deregister()
         return self.measured
 
+    def _serve(self, max_trials: int | None, idle_exit_s: float | None) -> None:
+        idle_since = time.time()
+        while not self.stopping.is_set():
+            if max_trials is not None and self.measured >= max_trials:
+                return
+            try:
+                leased = self._post(f"/api/v1/workers/{self.worker_id}/lease",
+                                    {"max_trials": self._batch, "wait_s": self._wait_s})
+            except RuntimeError:
+                if self.stopping.is_set():
+                    return
+                raise
+            trials = leased["trials"]
+            if "lease_seconds" in leased:  # beat well inside the server's lease
+                self._heartbeat_s = min(self._heartbeat_s, leased["lease_seconds"] / 3)
+            if not trials:
+                if idle_exit_s is not None and time.time() - idle_since > idle_exit_s:
+                    return
+                continue
+            idle_since = time.time()
+            with self._lock:
+                self._held = [t["trial_id"] for t in trials]
+            for trial in trials:
+                if self.stopping.is_set():
+                    break
+                self._measure_and_report(trial)
+            self._release_held()
+
+    def measure_trial(self, trial: dict[str, Any]) -> MeasureResult:
+        """The trial's result; whatever goes wrong becomes an AutoTVM error number."""
+        try:
+            request = MeasureRequest(
+                template=trial["template"],
+                workload=Workload(template=trial["template"], args=trial["args"]),
+                config=Config.model_validate(trial["config"]),
+                options=MeasureOptions.model_validate(trial["measure"]),
+            )
+        except (ValidationError, KeyError, TypeError, ValueError) as err:
+            return MeasureResult.failure(MeasureErrorNo.INSTANTIATION_ERROR,
+                                         f"cannot set up the trial: {_text(err)}")
+        try:
+            return self._measurer.measure(request)
+        except Exception as err:
+            if not self._aborted:  # killed on purpose: not worth a traceback
+                log.exception("measuring trial %s raised", trial.get("trial_id"))
+            self._measurer.close()  # its state is unknown: the next trial starts a fresh one
+            error_no = (MeasureErrorNo.INSTANTIATION_ERROR
+                        if isinstance(err, (OverflowError, ValidationError))
+                        else MeasureErrorNo.UNKNOWN_ERROR)
+            return MeasureResult.failure(error_no, f"the worker could not measure it: "
+                                                   f"{_text(err)}")
+
     def _measure_and_report(self, trial: dict[str, Any]) -> None:
-        log.info("measuring trial %s (%s)", trial["trial_id"], trial["template"])
-        request = MeasureRequest(
-            template=trial["template"],
-            workload=Workload(template=trial["template"], args=trial["args"]),
-            config=Config.model_validate(trial["config"]),
-            options=MeasureOptions.model_validate(trial["measure"]),
-        )
-        result = self._measurer.measure(request)
+        trial_id = trial["trial_id"]
+        log.info("measuring trial %s (%s)", trial_id, trial.get("template"))
+        result = self.measure_trial(trial)
+        if self._aborted:  # interrupted: the trial goes back unreported
+            return
         info = {"device": self._measurer.device_info.name} if self._measurer.device_info else {}
-        self._post(f"/api/v1/workers/{self.worker_id}/results", {"results": [{
-            "trial_id": trial["trial_id"], "result": result.model_dump(mode="json"),
-            "info": info}]})
+        path = f"/api/v1/workers/{self.worker_id}/results"
+        try:
+            self._post(path, {"results": [{"trial_id": trial_id,
+                                           "result": result.model_dump(mode="json"),
+                                           "info": info}]})
+        except ServerRefused as err:
+            if err.status == 422 and result.ok:  # the server will not store this result
+                log.error("trial %s: the server refused its result (%s); reporting it failed",
+                          trial_id, err)
+                failed = MeasureResult.failure(MeasureErrorNo.UNKNOWN_ERROR,
+                                               f"the server refused the result: {err}")
+                self._post(path, {"results": [{"trial_id": trial_id, "info": info,
+                                               "result": failed.model_dump(mode="json")}]})
+            elif err.status == 409:  # no longer ours (lease expired, job cancelled): drop it
+                log.warning("trial %s is no longer leased to this worker; dropped (%s)",
+                            trial_id, err)
+            elif err.status == 500:  # its lease expires; the server retries or fails it
+                log.error("trial %s: the server failed to store its result; dropped (%s)",
+                          trial_id, err)
+            else:
+                raise
         self.measured += 1
         with self._lock:
-            if trial["trial_id"] in self._held:
-                self._held.remove(trial["trial_id"])
+            if trial_id in self._held:
+                self._held.remove(trial_id)
 
     def _release_held(self) -> None:
         with self._lock:
@@ -149,6 +240,23 @@ class WorkerAgent:
                 log.warning("could not return %d trials (their leases will expire): %s",
                             len(held), err)
 
+    def deregister(self) -> None:
+        """Tell the server this worker is gone, so it no longer shows alive."""
+        if self.worker_id is None:
+            return
+        try:
+            self._call("DELETE", f"/api/v1/workers/{self.worker_id}", retry=False)
+            log.info("deregistered worker %s", self.worker_id)
+        except RuntimeError as err:
+            log.warning("could not deregister worker %s: %s", self.worker_id, err)
+
+    def abort(self) -> None:
+        """Stop now (Ctrl-C): kill the trial being measured, report nothing more; the run
+        loop still gives the lease back and deregisters."""
+        self._aborted = True
+        self.stopping.set()
+        self._measurer.close()
+
     def stop_on_signals(self) -> None:
         """SIGTERM/SIGINT: finish the trial in hand, return the rest of the lease."""
         def handler(signum: int, _frame: Any) -> None:
@@ -157,3 +265,14 @@ class WorkerAgent:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+
+
+def _text(err: BaseException) -> str:
+    """An exception as one bounded line: its type, and its message."""
+    if isinstance(err, ValidationError):
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = f"{where}: {first['msg']}" if where else first["msg"]
+    else:
+        message = str(err)
+    return f"{type(err).__name__}: {' '.join(message.split())}"[:MAX_MESSAGE]

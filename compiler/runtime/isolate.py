@@ -8,6 +8,7 @@ trial past its deadline kills it and the next trial starts a fresh one.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from typing import Any
 
 from compiler.runtime.measure import MeasureRequest, measure
 from schemas import MeasureErrorNo, MeasureResult
+
+MAX_POLL_S = 3600.0  # longest single wait on the child; poll() overflows past ~1e9 s
 
 
 def _serve(conn: Connection, device_spec: str | None, target: str | None,
@@ -82,19 +85,22 @@ class IsolatedMeasurer:
         return self.device_info
 
     def measure(self, request: MeasureRequest) -> MeasureResult:
-        self.start()
-        assert self._conn is not None
         start = time.time()
+        conn = self._send(request)
+        if conn is None:
+            return MeasureResult.failure(
+                MeasureErrorNo.RUNTIME_DEVICE, "the measurement process could not be "
+                "restarted (it died between trials)", all_cost=time.time() - start)
+        # Any deadline, even 1e300 s or infinity: waited for in steps a poll() can take.
         deadline = start + request.options.timeout_s
         stage = "build"
-        self._conn.send(request)
         while True:
             left = deadline - time.time()
             try:
-                ready = left > 0 and self._conn.poll(left)
+                ready = left > 0 and conn.poll(min(left, MAX_POLL_S))
                 if ready:
-                    kind, payload = self._conn.recv()
-            except (EOFError, OSError):
+                    kind, payload = conn.recv()
+            except (EOFError, OSError):  # the child died, or close() from another thread
                 code = self._exitcode()  # before close(), which forgets the process
                 self.close()
                 return MeasureResult.failure(
@@ -102,6 +108,8 @@ class IsolatedMeasurer:
                     f"measurement process died during {stage} (exit code "
                     f"{code})", all_cost=time.time() - start)
             if not ready:
+                if left > 0:  # a step of a long deadline, not the end of it
+                    continue
                 self.close()
                 error_no = (MeasureErrorNo.RUN_TIMEOUT if stage == "run"
                             else MeasureErrorNo.BUILD_TIMEOUT)
@@ -111,7 +119,22 @@ class IsolatedMeasurer:
             if kind == "stage":
                 stage = payload
             else:
-                return payload
+                return payload  # type: ignore[no-any-return]
+
+    def _send(self, request: MeasureRequest) -> Connection | None:
+        """Hand ``request`` to the child, starting a fresh one if the last one died
+        between trials; None if even a fresh one cannot take it."""
+        for _attempt in range(2):
+            self.start()
+            conn = self._conn
+            if conn is None:
+                continue
+            try:
+                conn.send(request)
+                return conn
+            except (OSError, EOFError):
+                self.close()
+        return None
 
     def _exitcode(self) -> int | None:
         if self._proc is None:
@@ -122,12 +145,14 @@ class IsolatedMeasurer:
             return None
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(5)
-        if self._conn is not None:
-            self._conn.close()
+        """Kill the child; safe to call from another thread while one is measuring."""
+        proc, conn = self._proc, self._conn
         self._proc, self._conn = None, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        if conn is not None:
+            conn.close()
 
     def __enter__(self) -> IsolatedMeasurer:
         return self
@@ -137,6 +162,9 @@ class IsolatedMeasurer:
 
 
 def _main() -> None:
+    # Ctrl-C in a terminal reaches the whole process group: the parent decides what
+    # happens to the trial in hand (finish it, or kill this child), not a traceback here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(int(sys.argv[1]))
     device_spec, target, extra_modules = conn.recv()
     _serve(conn, device_spec, target, extra_modules)
