@@ -4,8 +4,11 @@ uvicorn server on a loopback port, tokens, and the TopHub logs as parsed lines."
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +25,7 @@ TOPHUB_DIR = REPO_ROOT.parent / "shared" / "data" / "tophub"
 # File order matters: AutoTVM's "ties keep the first seen" follows it.
 TOPHUB_FILES = ("cuda_v0.10.log", "rocm_v0.05.log", "opencl_v0.04.log", "llvm_v0.04.log")
 
+REDIS_URL = "redis://127.0.0.1:6379/0"
 PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
 BACKENDS = ("sqlite", "postgresql")
@@ -40,6 +44,46 @@ def _pg_reason() -> str | None:
 
 
 PG_UNREACHABLE = _pg_reason()
+
+
+def _redis_reason() -> str | None:
+    """None when Redis answers, else why it does not."""
+    try:
+        import redis
+
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
+    except Exception as err:  # noqa: BLE001 - any failure means "skip"
+        return f"Redis at {REDIS_URL} is unreachable: {err}"
+    return None
+
+
+REDIS_UNREACHABLE = _redis_reason()
+
+
+def opencl_target() -> tuple[str | None, str]:
+    """(target of OpenCL device 0, or None; why not)."""
+    try:
+        from compiler.runtime.opencl import list_opencl_devices
+
+        devices = list_opencl_devices()
+    except Exception as err:  # noqa: BLE001 - pyopencl missing, no ICD loader, ...
+        return None, f"cannot list OpenCL devices: {err}"
+    if not devices:
+        return None, "no OpenCL device here (install pocl-opencl-icd)"
+    return str(devices[0].target), ""
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a process we started in its own session, with its children (a worker's
+    measuring child), and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def tophub_paths() -> list[Path]:
@@ -93,6 +137,20 @@ def migrate(url: str) -> None:
         upgrade(engine)
     finally:
         engine.dispose()
+
+
+@contextmanager
+def migrated_sessions(backend: str, directory: Path) -> Iterator[Any]:
+    """Sessions (a sessionmaker) on a fresh migrated database of ``backend``."""
+    from tuner_server.db.session import make_engine, session_factory
+
+    with empty_database(backend, directory) as url:
+        migrate(url)
+        engine = make_engine(url)
+        try:
+            yield session_factory(engine)
+        finally:
+            engine.dispose()
 
 
 def make_tokens(url: str) -> dict[str, str]:

@@ -22,20 +22,36 @@ from typing import Any
 
 import httpx
 import pytest
-from server_fixtures import empty_database, free_port, make_tokens, migrate, wait_until
+from server_fixtures import (
+    REDIS_UNREACHABLE,
+    REDIS_URL,
+    empty_database,
+    free_port,
+    kill_group,
+    make_tokens,
+    migrate,
+    opencl_target,
+    wait_until,
+)
 from sqlalchemy import create_engine, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from compiler.templates import get_template
-from schemas import MeasureErrorNo, MeasureInput, MeasureResult, Record, Target, Workload
+from schemas import (
+    MeasureErrorNo,
+    MeasureInput,
+    MeasureResult,
+    Record,
+    Target,
+    Workload,
+)
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 
 pytestmark = pytest.mark.timeout(180)
 
 TUNER = Path(sys.executable).with_name("tuner")
-REDIS_URL = "redis://127.0.0.1:6379/0"
 LEASE_S = 3.0  # the fleet's lease: short, so a lost worker's trials come back quickly
 DENSE = "dense_small_batch.gpu"
 DENSE_ARGS: list[Any] = [["TENSOR", [1, 256], "float32"], ["TENSOR", [64, 256], "float32"],
@@ -50,32 +66,7 @@ FLEETS = [pytest.param("sqlite", "sql", id="sqlite-sql"),
           pytest.param("postgresql", "redis", id="postgresql-redis")]
 
 
-def _redis_reason() -> str | None:
-    """None when Redis answers, else why it does not."""
-    try:
-        import redis
-
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
-    except Exception as err:  # noqa: BLE001 - any failure means "skip"
-        return f"Redis at {REDIS_URL} is unreachable: {err}"
-    return None
-
-
-def _opencl_target() -> tuple[str | None, str]:
-    """(target of OpenCL device 0, or None; why not)."""
-    try:
-        from compiler.runtime.opencl import list_opencl_devices
-
-        devices = list_opencl_devices()
-    except Exception as err:  # noqa: BLE001 - pyopencl missing, no ICD loader, ...
-        return None, f"cannot list OpenCL devices: {err}"
-    if not devices:
-        return None, "no OpenCL device here (install pocl-opencl-icd)"
-    return str(devices[0].target), ""
-
-
-REDIS_UNREACHABLE = _redis_reason()
-TARGET, NO_DEVICE = _opencl_target()
+TARGET, NO_DEVICE = opencl_target()
 if TARGET is not None and not TUNER.exists():
     TARGET, NO_DEVICE = None, f"the tuner command is not installed beside {sys.executable}"
 needs_device = pytest.mark.skipif(TARGET is None, reason=NO_DEVICE)
@@ -143,18 +134,6 @@ def parse_metrics(text: str) -> dict[str, float]:
 def _clean_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNER_")}
     return {**env, **extra}
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL a process we started and its measurement child (same process group)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 @dataclass
@@ -275,7 +254,7 @@ class Fleet:
 
     def close(self) -> None:
         for proc in self._started:
-            _kill_group(proc)
+            kill_group(proc)
         self.db.dispose()
 
 

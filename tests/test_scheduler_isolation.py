@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_fixtures import BACKENDS, empty_database, free_port, migrate
+from server_fixtures import (
+    BACKENDS,
+    REDIS_UNREACHABLE,
+    REDIS_URL,
+    free_port,
+    migrated_sessions,
+)
 from sqlalchemy import insert, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -32,7 +38,6 @@ from schemas import (
     Workload,
 )
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
-from tuner_server.db.session import make_engine, session_factory
 from tuner_server.queue.base import DispatchQueue
 from tuner_server.queue.sql import SqlQueue
 from tuner_server.services import jobs, scheduler
@@ -43,44 +48,20 @@ TARGET = "opencl -model=pocl-cpu"
 DENSE = "dense_small_batch.gpu"
 DENSE_ARGS: list[Any] = [["TENSOR", [1, 256], "float32"], ["TENSOR", [64, 256], "float32"],
                          None, "float32"]  # 9 configs
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def _redis_reason() -> str | None:
-    try:
-        import redis
-
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
-    except Exception as err:  # noqa: BLE001 - any failure means "skip"
-        return f"Redis at {REDIS_URL} is unreachable: {err}"
-    return None
-
-
-REDIS_UNREACHABLE = _redis_reason()
 needs_redis = pytest.mark.skipif(REDIS_UNREACHABLE is not None, reason=str(REDIS_UNREACHABLE))
 
 
 @pytest.fixture(params=BACKENDS)
 def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
     """Sessions on a fresh migrated database of each backend."""
-    with empty_database(request.param, tmp_path) as url:
-        migrate(url)
-        engine = make_engine(url)
-        try:
-            yield session_factory(engine)
-        finally:
-            engine.dispose()
+    with migrated_sessions(request.param, tmp_path) as made:
+        yield made
 
 
 @pytest.fixture
 def sqlite_sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    with empty_database("sqlite", tmp_path) as url:
-        migrate(url)
-        engine = make_engine(url)
-        try:
-            yield session_factory(engine)
-        finally:
-            engine.dispose()
+    with migrated_sessions("sqlite", tmp_path) as made:
+        yield made
 
 
 def _submit(session: Session, n_trial: int = 4, plan_size: int = 4,
