@@ -11,18 +11,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import QCONFIG, QUANTIZE, fail, quantized
+from cli.common import QCONFIG, QUANTIZE, fail, parse_target, quantized
 from cli.db import DATABASE_URL, resolve_url
 from compiler.ir import Graph, IRError, print_graph
 from compiler.records import (
     MemorySource,
-    RecordSource,
     RecordsError,
+    RecordSource,
     open_source,
 )
 from compiler.runtime.device import BuildError, DeviceRuntimeError
 from compiler.tasks import Task, extract_tasks
-from schemas import Target, Workload
+from schemas import Workload
 
 if TYPE_CHECKING:
     from compiler.build_module import Module
@@ -48,13 +48,6 @@ AUTO_PLACE = typer.Option(
          "fastest (measured against each device alone; never slower than the best)")
 
 
-def parse_target(text: str) -> Target:
-    try:
-        return Target.parse(text)
-    except ValueError as err:
-        fail(f"--target: {err}")
-
-
 def import_model(path: Path) -> Graph:
     # onnx loads only for the commands that read a model, not at every `tuner` start
     from compiler.frontend import FrontendError, import_onnx
@@ -73,7 +66,12 @@ def database_source(database_url: str | None, workloads: list[Workload]) -> Reco
         return None
     from sqlalchemy.exc import SQLAlchemyError
 
-    from tuner_server.db.session import SchemaError, check_schema, make_engine, session_factory
+    from tuner_server.db.session import (
+        SchemaError,
+        check_schema,
+        make_engine,
+        session_factory,
+    )
     from tuner_server.services import records as svc
 
     engine = make_engine(url)

@@ -154,6 +154,28 @@ def test_a_failing_reclaim_does_not_stop_planning(
         assert session.get(JobRow, job_id).status == "running"  # type: ignore[union-attr]
 
 
+def test_a_reason_with_nul_and_surrogates_is_stored_and_the_pass_goes_on(
+        sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL refuses a NUL in TEXT: a task whose error says one must still end
+    failed (the message cleaned), and the job beside it be planned."""
+    with sessions.begin() as session:
+        bad, good = _submit(session), _submit(session)
+    real = scheduler._plan_task
+
+    def plan(session: Session, job: JobRow, task: TaskRow, *rest: Any) -> Any:
+        if job.id == bad:
+            raise ValueError("bad \x00 byte and \ud800 surrogate")
+        return real(session, job, task, *rest)
+
+    monkeypatch.setattr(scheduler, "_plan_task", plan)
+    stats = Scheduler(sessions, SqlQueue()).run_pass()
+    assert stats.planned == 4
+    with sessions() as session:
+        [task] = session.scalars(select(TaskRow).where(TaskRow.job_id == bad))
+        assert (task.status, task.error) == ("failed", "bad byte and surrogate")
+        assert session.get(JobRow, good).status == "running"  # type: ignore[union-attr]
+
+
 def test_a_database_outage_fails_the_pass_not_the_tasks(
         sqlite_sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
     """The database failing is no task's fault: the pass fails (and is retried), no task

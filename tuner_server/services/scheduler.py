@@ -11,6 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -151,6 +152,8 @@ def _reason(err: Exception) -> str:
         said = str(err)
     else:
         said = f"{type(err).__name__}: {err}"
+    # stored in a TEXT column: no NUL, control character or lone surrogate survives
+    said = "".join(c if c.isprintable() else " " for c in said)
     return " ".join(said.split())[:MAX_REASON] or type(err).__name__
 
 
@@ -233,10 +236,24 @@ def _fail_tasks(session: Session, job_id: int, task_ids: list[int] | None,
     where = [TaskRow.job_id == job_id, TaskRow.status.not_in(FINAL)]
     if task_ids is not None:
         where.append(TaskRow.id.in_(task_ids))
-    session.execute(update(TaskRow).where(*where).values(status="failed", error=reason)
-                    .execution_options(synchronize_session="fetch"))
-    withdraw_queued(session, select(TaskRow.id).where(TaskRow.job_id == job_id,
-                                                      TaskRow.status == "failed"))
+    with _guarded(session, f"failing job {job_id}'s tasks"):
+        session.execute(update(TaskRow).where(*where).values(status="failed", error=reason)
+                        .execution_options(synchronize_session="fetch"))
+        withdraw_queued(session, select(TaskRow.id).where(TaskRow.job_id == job_id,
+                                                          TaskRow.status == "failed"))
+
+
+@contextmanager
+def _guarded(session: Session, what: str) -> Iterator[None]:
+    """A write in its own SAVEPOINT: should even marking a failure fail, it is rolled
+    back and logged, and the rest of the pass is kept (retried next pass)."""
+    try:
+        with session.begin_nested():
+            yield
+    except OUTAGE:
+        raise
+    except Exception:
+        log.exception("%s failed; retried next pass", what)
 
 
 def _job_failure(session: Session, failed: list[tuple[int, str | None]]) -> str:
@@ -274,9 +291,10 @@ def _fail_job(session: Session, job_id: int, reason: str) -> list[TrialRow]:
     reason = reason[:MAX_REASON]
     log.error("job %s failed: %s", job_id, reason)
     _fail_tasks(session, job_id, None, reason)
-    session.execute(update(JobRow).where(JobRow.id == job_id)
-                    .values(status="failed", error=reason)
-                    .execution_options(synchronize_session="fetch"))
+    with _guarded(session, f"failing job {job_id}"):
+        session.execute(update(JobRow).where(JobRow.id == job_id)
+                        .values(status="failed", error=reason)
+                        .execution_options(synchronize_session="fetch"))
     return []
 
 
@@ -294,7 +312,7 @@ def _plan_job(session: Session, job_id: int, fleet: list[tuple[list[str], Device
                 TaskRow.job_id == job_id, TaskRow.status.in_(ACTIVE)).order_by(TaskRow.id)))
     except OUTAGE:
         raise
-    except Exception as err:  # noqa: BLE001 - a row that cannot be read fails its job only
+    except Exception as err:
         return _fail_job(session, job_id, f"job {job_id} cannot be read: {_reason(err)}")
     try:
         target = Target.parse(job.target)
@@ -325,7 +343,7 @@ def _plan_job(session: Session, job_id: int, fleet: list[tuple[list[str], Device
             session.flush()
     except OUTAGE:
         raise
-    except Exception as err:  # noqa: BLE001 - logged with its traceback; next pass again
+    except Exception as err:
         state.warn(f"settle {job_id}", "job %s: settling its status failed (%s); "
                    "retried next pass", job_id, _reason(err), exc_info=True)
     return new
@@ -339,7 +357,7 @@ def _reclaim(session: Session, state: SearchState) -> tuple[list[TrialRow], int]
             session.flush()
     except OUTAGE:
         raise
-    except Exception as err:  # noqa: BLE001 - logged with its traceback; planning goes on
+    except Exception as err:
         state.warn("reclaim", "reclaiming expired leases failed (%s); planning goes on",
                    _reason(err), exc_info=True)
         return [], 0
@@ -418,7 +436,7 @@ class Scheduler:
             return
         try:
             notify(trials)
-        except Exception as err:  # noqa: BLE001 - a hint: the resync queues them later
+        except Exception as err:
             self.search.warn(what, "%s failed (%s); the resync queues them later",
                              what, _reason(err))
 
@@ -426,7 +444,7 @@ class Scheduler:
         try:
             with self._sessions.begin() as session:
                 return self._queue.resync(session, now) if _leader(session) else 0
-        except Exception as err:  # noqa: BLE001 - Redis or the database down: next time
+        except Exception as err:
             self.search.warn("resync", "queue resync failed (%s); retried in %g s",
                              _reason(err), RESYNC_EVERY_S)
             return 0

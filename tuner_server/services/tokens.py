@@ -70,22 +70,15 @@ def lookup(session: Session, token: str) -> TokenInfo | None:
     return _info(row) if row is not None else None
 
 
-def role_of(session: Session, token: str) -> str | None:
-    info = lookup(session, token)
-    return info.role if info else None
-
-
-def token_exists(session: Session, token: str) -> bool:
-    return lookup(session, token) is not None
-
-
 def list_tokens(session: Session) -> list[TokenInfo]:
     return [_info(r) for r in session.scalars(select(TokenRow).order_by(TokenRow.id))]
 
 
 def revoke(session: Session, key: str) -> list[TokenInfo]:
     """Delete the tokens with this id (digits) or name; returns what was deleted."""
-    clause = TokenRow.id == int(key) if key.isdigit() else TokenRow.name == key
+    # "²".isdigit() is true too; past 9 digits it is no id (INTEGER), so a name
+    by_id = key.isascii() and key.isdigit() and len(key) <= 9
+    clause = TokenRow.id == int(key) if by_id else TokenRow.name == key
     rows = list(session.scalars(select(TokenRow).where(clause)))
     for row in rows:
         session.delete(row)
