@@ -242,12 +242,14 @@ def live_server(backend: str, directory: Path) -> Iterator[LiveServer]:
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
                every: float = 0.05, diagnose: Callable[[], str] = lambda: "") -> Any:
-    """Poll until ``predicate()`` is truthy; fail naming ``what`` at the deadline."""
+    """Poll until ``predicate()`` is truthy; AssertionError naming ``what`` at the
+    deadline (a plain exception: bench/ uses it outside pytest too)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}\n{diagnose()}")
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}\n"
+                                 f"{diagnose()}")
         time.sleep(every)
