@@ -17,6 +17,7 @@ from compiler.templates import (
     get_template,
 )
 from schemas import Config, MeasureOptions, Target, Workload
+from schemas.text import first_problem, one_line
 
 if TYPE_CHECKING:
     from compiler.ir import Graph
@@ -34,24 +35,15 @@ MAX_ERROR = 600  # characters of an error line at most
 _database = {"url": ""}  # the database URL the running command uses, for error lines
 
 
-def one_line(text: str) -> str:
-    """``text`` on one bounded line: a driver's multi-line message made readable."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= MAX_ERROR else flat[:MAX_ERROR - 3] + "..."
-
-
 def fail(message: str, code: int = 2) -> NoReturn:
     """Exit ``code`` (2: a bad command line; 1: a failure) with one ``error:`` line."""
-    typer.echo(one_line(f"error: {message}"), err=True)
+    typer.echo(one_line(f"error: {message}", MAX_ERROR), err=True)
     raise typer.Exit(code)
 
 
 def error_text(err: Exception) -> str:
     """A pydantic error's first problem in plain words; another error's message."""
-    if isinstance(err, ValidationError):
-        first = err.errors()[0]
-        return str(first["msg"]).removeprefix("Value error, ")
-    return str(err)
+    return first_problem(err) if isinstance(err, ValidationError) else str(err)
 
 
 def parse_target(text: str, flag: str = "--target") -> Target:

@@ -29,7 +29,8 @@ from cli import (
     tune,
     worker,
 )
-from cli.common import database_in_use, one_line
+from cli.common import MAX_ERROR, database_in_use
+from schemas.text import one_line
 
 DEBUG_ENV = "TUNER_DEBUG"
 _debug = False  # set by --debug, before any command runs
@@ -97,7 +98,7 @@ class TunerGroup(TyperGroup):
                 context = getattr(err, "ctx", None)
                 where = f"; see `{context.command_path} --help`" if context else ""
                 message = err.format_message().rstrip(".")
-                typer.echo(one_line(f"error: {message}{where}"), err=True)
+                typer.echo(one_line(f"error: {message}{where}", MAX_ERROR), err=True)
             code = err.exit_code
         except typer.Abort:
             typer.echo("error: aborted", err=True)
@@ -106,7 +107,7 @@ class TunerGroup(TyperGroup):
             if debugging():
                 raise
             message, code = explain(err)
-            typer.echo(one_line(f"error: {message}"), err=True)
+            typer.echo(one_line(f"error: {message}", MAX_ERROR), err=True)
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)

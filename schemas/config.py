@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from schemas.target import check_text, shown
+from schemas.text import check_text, shown
 
 KNOB_KINDS = ("sp", "ot", "re", "an")
 # AutoTVM's config index is an int64 (trials.config_index is BIGINT).

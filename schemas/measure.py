@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from enum import IntEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.config import Config
 from schemas.target import Target
+from schemas.text import FREE_TEXT, SURROGATES, check_strings, check_text, printable
 from schemas.workload import Workload
 
 # AutoTVM stores this as the cost of a failed measurement.
 FAILED_COST = 1e9
+# What a measurement may report (check_measurement): MeasureOptions.repeat costs at most,
+# a timestamp of this era (unix seconds below 2^40, year 36812), a bounded message.
+MAX_COSTS = 1000
+MAX_TIMESTAMP = float(2**40)
+MAX_ERROR_MSG_CHARS = 2000
+# A result's ``info`` (worker name, device, build log excerpts) rides in its record's line.
+MAX_INFO_CHARS = 16384
 
 
 class MeasureErrorNo(IntEnum):
@@ -64,6 +75,14 @@ class MeasureResult(BaseModel):
     timestamp: float = Field(default_factory=time.time)
     error_msg: str | None = None
 
+    @field_validator("error_msg")
+    @classmethod
+    def _encodable(cls, value: str | None) -> str | None:
+        # Every reader sends the message on as UTF-8: a lone surrogate could not be, and
+        # a stored one would break every answer holding its record. check_measurement
+        # holds the rest of what a reported message must obey.
+        return value if value is None else check_text(value, "error_msg", SURROGATES)
+
     @property
     def ok(self) -> bool:
         return self.error_no == MeasureErrorNo.NO_ERROR
@@ -78,4 +97,52 @@ class MeasureResult(BaseModel):
     def failure(
         cls, error_no: MeasureErrorNo, msg: str, all_cost: float = 0.0
     ) -> MeasureResult:
-        return cls(costs=(FAILED_COST,), error_no=error_no, all_cost=all_cost, error_msg=msg)
+        """A failed measurement; ``msg`` (an exception's, a compiler's text) is made to
+        pass check_measurement: unprintable characters replaced, cut to its bound."""
+        return cls(costs=(FAILED_COST,), error_no=error_no, all_cost=all_cost,
+                   error_msg=printable(msg, MAX_ERROR_MSG_CHARS))
+
+
+def check_measurement(result: MeasureResult) -> None:
+    """Raise ValueError (one line) unless ``result`` is what a worker may report and the
+    records database may rank: the one rule for a worker's result and an imported line.
+
+    Costs are finite seconds > 0 (a failed result carries FAILED_COST), at least one
+    when error_no is 0, at most MAX_COSTS; all_cost finite and >= 0; a timestamp in
+    (0, 2^40); the error message printable text (line breaks and tabs allowed) of at
+    most MAX_ERROR_MSG_CHARS characters. NaN and Infinity cannot be stored (PostgreSQL
+    refuses them in JSON) and a zero or negative cost would outrank every measurement."""
+    costs = result.costs
+    if len(costs) > MAX_COSTS:
+        raise ValueError(f"costs: more than {MAX_COSTS} costs")
+    if not all(math.isfinite(c) and c > 0 for c in costs):
+        listed = ", ".join(f"{c:g}" for c in costs[:5]) + (", ..." if len(costs) > 5 else "")
+        raise ValueError(f"costs: every cost must be a finite number > 0 seconds "
+                         f"(got [{listed}])")
+    if result.ok and not costs:
+        raise ValueError("costs: a result with error_no 0 needs at least one cost")
+    if not (math.isfinite(result.all_cost) and result.all_cost >= 0):
+        raise ValueError(f"all_cost: must be a finite number >= 0 seconds "
+                         f"(got {result.all_cost:g})")
+    if not (math.isfinite(result.timestamp) and 0 < result.timestamp < MAX_TIMESTAMP):
+        raise ValueError(f"timestamp: must be unix seconds in (0, 2^40) "
+                         f"(got {result.timestamp:g})")
+    if result.error_msg is not None:
+        if len(result.error_msg) > MAX_ERROR_MSG_CHARS:
+            raise ValueError(f"error_msg: longer than {MAX_ERROR_MSG_CHARS} characters")
+        check_text(result.error_msg, "error_msg", FREE_TEXT)
+
+
+def check_info(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` unless it is more than MAX_INFO_CHARS characters of JSON, holds NaN or
+    Infinity, or a string (a key among them) that is not printable text (line breaks
+    and tabs allowed); ValueError with one line otherwise."""
+    try:
+        size = len(json.dumps(info, allow_nan=False))
+    except ValueError:
+        raise ValueError("info: numbers must be finite: NaN and Infinity are not valid "
+                         "JSON") from None
+    if size > MAX_INFO_CHARS:
+        raise ValueError(f"info: at most {MAX_INFO_CHARS} characters of JSON")
+    check_strings(info, "info", FREE_TEXT)
+    return info

@@ -6,11 +6,18 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from schemas.config import Config
 from schemas.measure import MeasureErrorNo, MeasureInput, MeasureResult
-from schemas.target import Target, shown
+from schemas.target import Target
+from schemas.text import SURROGATES, check_strings, describe, one_line, shown
 from schemas.workload import Workload
 
 LOG_VERSION = 0.2
@@ -34,6 +41,14 @@ class Record(BaseModel):
     version: float = LOG_VERSION
     tvm_version: str = TVM_VERSION
     info: dict[str, Any] | None = None
+
+    @field_validator("kwargs", "tvm_version", "info")
+    @classmethod
+    def _encodable(cls, value: Any, where: ValidationInfo) -> Any:
+        # The line is sent on as UTF-8 by every reader: a lone surrogate ("\ud800" in
+        # JSON) could not be, and would break every answer holding this record.
+        check_strings(value, str(where.field_name), SURROGATES)
+        return value
 
     @property
     def input(self) -> MeasureInput:
@@ -77,7 +92,7 @@ class Record(BaseModel):
         if not isinstance(res, list) or len(res) != 4:
             raise RecordFormatError("result: must be [costs, error_no, all_cost, timestamp]")
         costs, error_no, all_cost, timestamp = res
-        info = row.get("info")
+        info = row.get("info")  # a dict, else refused below
         try:
             return cls(
                 target=inp[0],
@@ -89,17 +104,16 @@ class Record(BaseModel):
                     error_no=error_no,
                     all_cost=all_cost,
                     timestamp=timestamp,
-                    error_msg=(info or {}).get("error_msg"),
+                    error_msg=info.get("error_msg") if isinstance(info, dict) else None,
                 ),
                 version=version,
                 tvm_version=row.get("tvm_version", TVM_VERSION),
                 info=info,
             )
         except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])[:100] or "record"
-            msg = str(first["msg"]).removeprefix("Value error, ")
-            raise RecordFormatError(f"{where}: {' '.join(msg.split())[:300]}") from None
+            first = err.errors(include_url=False, include_input=False)[0]
+            problem = describe({**first, "loc": first["loc"] or ("record",)})
+            raise RecordFormatError(one_line(problem, 400)) from None
 
     def to_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {

@@ -8,31 +8,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+from schemas.text import check_text, shown
+
 # A target is stored in VARCHAR(255) columns (jobs, workers, records) and its kind and
 # model in VARCHAR(32) and VARCHAR(128) ones: longer ones are refused, not truncated.
 MAX_TARGET_CHARS = 255
 MAX_KIND_CHARS = 32
 MAX_MODEL_CHARS = 128
 MAX_OPTIONS = 32
-# Control characters (NUL among them) that PostgreSQL refuses or a terminal misprints.
-CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # What an option value may not hold: it would not survive ``str`` then ``parse``.
 _UNQUOTED = re.compile(r"[\s\"'\\]")
 _QUOTING = re.compile(r"[\"'\\]")
-
-
-def shown(text: str, limit: int = 60) -> str:
-    """``repr`` of ``text`` cut to ``limit`` characters: error messages stay one short
-    line whatever the input."""
-    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
-
-
-def check_text(text: str, what: str) -> str:
-    """``text`` unless it holds a control character; the message names ``what``."""
-    bad = CONTROL_CHARS.search(text)
-    if bad:
-        raise ValueError(f"{what} contains the control character {bad.group()!r}")
-    return text
 
 # AutoTVM's target keys: records tuned for one key apply to every target sharing it.
 _KIND_KEYS: dict[str, tuple[str, ...]] = {

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from schemas.target import check_text
+from schemas.text import check_text
 
 # Bounds no operator's arguments come near (a conv2d's are 6 items, 20 numbers, depth 3):
 # past them a workload is junk that would only cost time and space.

@@ -69,10 +69,18 @@ def raw_job(fragment: str) -> dict[str, Any]:
     return {"content": text.encode(), "headers": AS_JSON}
 
 
-def result(costs: str = "[0.001]", error_no: int = 0, trial_id: int = 1) -> dict[str, Any]:
+def result(costs: str = "[0.001]", error_no: int = 0, trial_id: int = 1,
+           extra: str = "") -> dict[str, Any]:
+    """A results body; ``extra``: more fields of the result, as raw JSON text."""
     text = (f'{{"results": [{{"trial_id": {trial_id}, "result": {{"costs": {costs}, '
-            f'"error_no": {error_no}, "all_cost": 0.1, "timestamp": 1.0}}}}]}}')
+            f'"error_no": {error_no}, "all_cost": 0.1, "timestamp": 1.0{extra}}}}}]}}')
     return {"content": text.encode(), "headers": AS_JSON}
+
+
+def escaped(body: Any) -> dict[str, Any]:
+    """``body`` as JSON with every non-ASCII character escaped: how a client sends a lone
+    surrogate ("\\ud800"), which no UTF-8 encoder (httpx's ``json=``) takes."""
+    return {"content": json.dumps(body).encode(), "headers": AS_JSON}
 
 
 @dataclass
@@ -137,6 +145,8 @@ ROWS: list[Row] = [
      {"json": job(target="opencl -model=a\x00b")}, 422, "control"),
     ("job target with a control character", "POST", "/api/v1/jobs", "client",
      {"json": job(target="opencl -model=a\x1bb")}, 422, "control"),
+    ("job target with a lone surrogate", "POST", "/api/v1/jobs", "client",
+     escaped(job(target="opencl -model=\ud800")), 422, "surrogate"),
     ("job target with a quote in a value", "POST", "/api/v1/jobs", "client",
      {"json": job(target="opencl -model=a\\\"b")}, 422, "target"),
     ("job target as an object with '=' in a name", "POST", "/api/v1/jobs", "client",
@@ -196,6 +206,8 @@ ROWS: list[Row] = [
      {"json": {"name": "x", "target": LONG_TARGET}}, 422, "target"),
     ("register with a NUL in the target", "POST", "/api/v1/workers", "worker",
      {"json": {"name": "x", "target": "opencl\x00"}}, 422, "target"),
+    ("register with a lone surrogate in the target", "POST", "/api/v1/workers", "worker",
+     escaped({"name": "x", "target": "opencl -model=\ud800"}), 422, "surrogate"),
     ("register with a device of 1000 characters", "POST", "/api/v1/workers", "worker",
      {"json": {"name": "x", "target": TARGET, "device": "d" * 1000}}, 422, "device"),
     ("register with a list body", "POST", "/api/v1/workers", "worker",
@@ -216,6 +228,19 @@ ROWS: list[Row] = [
      "costs"),
     ("results cost 1e400", "POST", W + "/results", "own", result("[1e400]"), 422, "costs"),
     ("results cost -1", "POST", W + "/results", "own", result("[-1.0]"), 422, "costs"),
+    ("results cost 0", "POST", W + "/results", "own", result("[0.0]"), 422, "costs"),
+    ("results of 1001 costs", "POST", W + "/results", "own",
+     result(json.dumps([1e-3] * 1001)), 422, "costs"),
+    ("results timestamp 1e300", "POST", W + "/results", "own",
+     {"content": result()["content"].replace(b'"timestamp": 1.0', b'"timestamp": 1e300'),
+      "headers": AS_JSON}, 422, "timestamp"),
+    ("results error_msg a lone surrogate", "POST", W + "/results", "own",
+     result("[1e9]", 4, extra=', "error_msg": "\\ud800"'), 422, "error_msg"),
+    ("results error_msg of 3000 characters", "POST", W + "/results", "own",
+     result("[1e9]", 4, extra=', "error_msg": "' + "e" * 3000 + '"'), 422, "error_msg"),
+    ("results info holding a lone surrogate", "POST", W + "/results", "own",
+     {"content": result()["content"].replace(b"}]}", b', "info": {"worker": "\\ud800"}}]}'),
+      "headers": AS_JSON}, 422, "info"),
     ("results error_no 42", "POST", W + "/results", "own", result(error_no=42), 422,
      "error_no"),
     ("results trial id past 2^31", "POST", W + "/results", "own", result(trial_id=BIG),
@@ -304,6 +329,38 @@ def test_table_size() -> None:
                      "/api/v1/records/best", "/api/v1/records/import"):
         assert endpoint in paths, endpoint
     assert any(p.startswith("/api/v1/logs/") for p in paths)
+
+
+def test_import_refuses_lone_surrogates_and_keeps_the_rest(site: Site) -> None:
+    """A lone surrogate ("\\ud800" in a line's JSON) anywhere a record keeps text refuses
+    that line with a one-line reason; the body's other lines are stored, and the records
+    read back."""
+    good = {"input": [TARGET, "not_ours.gpu", [1, "x"], {}],
+            "config": {"index": 0, "code_hash": None, "entity": []},
+            "result": [[1e-3], 0, 0.1, 1.5e9], "version": 0.2, "tvm_version": "0.7.dev0"}
+
+    def changed(where: str, value: Any) -> dict[str, Any]:
+        line = json.loads(json.dumps(good))
+        if where == "target":
+            line["input"][0] = value
+        elif where == "kwargs":
+            line["input"][3] = {"k": value}
+        else:
+            line["info"] = {where: value}
+        return line
+
+    bad = [changed("target", "opencl -model=\ud800"), changed("kwargs", "\udfff"),
+           changed("worker", "w\ud800"), changed("error_msg", "\ud800")]
+    body = "\n".join(json.dumps(line) for line in [*bad, good])  # ASCII: "\\ud800" escapes
+    with site.client("client") as client:
+        answer = client.post("/api/v1/records/import", content=body.encode(), headers=TEXT)
+        assert answer.status_code == 200, answer.text
+        assert (answer.json()["accepted"], answer.json()["refused"]) == (1, len(bad))
+        for error in answer.json()["errors"]:
+            assert "surrogate" in error["error"] and "\n" not in error["error"], error
+        listed = client.get("/api/v1/records", params={"template": "not_ours.gpu"})
+        assert listed.status_code == 200, listed.text
+        assert [r["input"] for r in listed.json()["items"]] == [good["input"]]
 
 
 def test_streamed_body_over_the_limit_is_413(site: Site) -> None:

@@ -21,7 +21,15 @@ from schemas import (
     Target,
     Workload,
 )
+from schemas.measure import (
+    FAILED_COST,
+    MAX_ERROR_MSG_CHARS,
+    MeasureResult,
+    check_info,
+    check_measurement,
+)
 from schemas.record import read_lines
+from schemas.text import check_text, first_problem, one_line
 
 TOPHUB = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tophub"
 TOPHUB_COUNTS = {
@@ -124,6 +132,8 @@ def test_bad_target_raises_value_error_naming_problem(text: str, names: str) -> 
         ('opencl "-model=a\\\\b"', "backslash"),
         ("opencl -model=a\x00b", "control character"),
         ("opencl -model=a\x1bb", "control character"),
+        ("opencl -model=\ud800", "lone surrogate"),  # a JSON "\ud800": not Unicode
+        ("opencl\udfff", "lone surrogate"),
         ("cuda -model=" + "m" * 300, "255"),
         ("cuda -model=" + "m" * 200, "model longer than 128"),
         ("cuda " + " ".join(f"-o{i}" for i in range(40)), "more than 32 options"),
@@ -335,6 +345,12 @@ def test_v01_line_refused_with_reason() -> None:
         (lambda r: r["config"].__setitem__("index", -5), "index"),
         (lambda r: r["config"]["entity"].__setitem__(0, ["tile_f", "zz", [1]]), "kind"),
         (lambda r: r["result"].__setitem__(0, "fast"), "costs"),
+        (lambda r: r["input"].__setitem__(0, "cuda -model=\ud800"), "surrogate"),
+        (lambda r: r["input"].__setitem__(3, {"k": "\udc00"}), "kwargs"),
+        (lambda r: r.__setitem__("tvm_version", "0.7\ud800"), "tvm_version"),
+        (lambda r: r.__setitem__("info", {"worker": ["\ud800"]}), "info"),
+        (lambda r: r.__setitem__("info", {"error_msg": "\ud800"}), "error_msg"),
+        (lambda r: r.__setitem__("info", ["not", "a dict"]), "info"),
     ],
 )
 def test_malformed_line_names_field(mutate: Any, names: str) -> None:
@@ -348,3 +364,106 @@ def test_malformed_line_names_field(mutate: Any, names: str) -> None:
 def test_non_object_lines_refused(text: str) -> None:
     with pytest.raises(RecordFormatError):
         Record.from_line(text)
+
+
+# --- what a measurement may report -----------------------------------------------------
+
+
+def _result(**change: Any) -> MeasureResult:
+    fields: dict[str, Any] = {"costs": (1e-3,), "error_no": 0, "all_cost": 0.5,
+                              "timestamp": 1.7e9}
+    fields.update(change)
+    return MeasureResult(**fields)
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"costs": (0.0,)}, "costs"),
+        ({"costs": (1e-3, -1.0)}, "costs"),
+        ({"costs": (float("inf"),)}, "costs"),
+        ({"costs": (float("nan"),), "error_no": 4}, "costs"),
+        ({"costs": ()}, "at least one cost"),
+        ({"costs": (1e-3,) * 1001}, "more than 1000"),
+        ({"all_cost": -1.0}, "all_cost"),
+        ({"all_cost": float("nan")}, "all_cost"),
+        ({"timestamp": 0.0}, "timestamp"),
+        ({"timestamp": 2.0**40}, "timestamp"),
+        ({"timestamp": float("inf")}, "timestamp"),
+        ({"error_no": 4, "costs": (FAILED_COST,), "error_msg": "a\x00b"}, "control"),
+        ({"error_no": 4, "costs": (FAILED_COST,), "error_msg": "e" * 2001}, "2000"),
+    ],
+)
+def test_check_measurement_refuses_what_cannot_be_ranked(change: dict[str, Any],
+                                                         names: str) -> None:
+    """One rule for a worker's result and an imported line, its message one line."""
+    with pytest.raises(ValueError, match=names) as info:
+        check_measurement(_result(**change))
+    assert "\n" not in str(info.value)
+
+
+def test_check_measurement_takes_real_results() -> None:
+    check_measurement(_result())
+    check_measurement(_result(costs=(2e-3, 1e-3, 3e-3), all_cost=0.0))
+    check_measurement(_result(error_no=7, costs=(), error_msg="timed out\n\tin run"))
+    # a failure made from any text passes: cut, its unprintable characters replaced
+    failed = MeasureResult.failure(MeasureErrorNo.COMPILE_DEVICE,
+                                   "log\x1b[31m\ud800\n" + "x" * 10_000)
+    check_measurement(failed)
+    assert len(failed.error_msg or "") == MAX_ERROR_MSG_CHARS
+    assert (failed.error_msg or "").startswith("log\ufffd[31m\ufffd\n")
+
+
+def test_lone_surrogate_in_error_msg_is_refused_by_the_model() -> None:
+    """Not even a stored record may hold one: no reader could send it on as UTF-8."""
+    with pytest.raises(ValidationError, match="surrogate"):
+        _result(error_no=4, costs=(FAILED_COST,), error_msg="\ud800")
+
+
+@pytest.mark.parametrize(
+    ("info", "names"),
+    [
+        ({"worker": "\ud800"}, "surrogate"),
+        ({"\udfff": 1}, "surrogate"),
+        ({"log": ["ok", "a\x00b"]}, "control"),
+        ({"x": float("nan")}, "finite"),
+        ({"log": "x" * 20_000}, "16384"),
+    ],
+)
+def test_check_info_refuses(info: dict[str, Any], names: str) -> None:
+    with pytest.raises(ValueError, match=names):
+        check_info(info)
+
+
+def test_check_info_keeps_free_text() -> None:
+    info = {"worker": "gpu0", "device": "NVIDIA H200", "log": "line 1\n\tline 2", "n": 3}
+    assert check_info(info) == info
+
+
+# --- text rules ------------------------------------------------------------------------
+
+
+def test_one_line_flattens_cuts_and_escapes_surrogates() -> None:
+    assert one_line("a\n  b\tc") == "a b c"
+    assert one_line("x" * 1000, 20) == "x" * 17 + "..."
+    flat = one_line("bad \ud800 input")
+    assert flat == "bad \\ud800 input"
+    flat.encode("utf-8")  # always encodable
+
+
+def test_check_text_names_the_character() -> None:
+    assert check_text("plain", "name") == "plain"
+    with pytest.raises(ValueError, match=r"name contains the lone surrogate '\\ud800'"):
+        check_text("a\ud800", "name")
+    with pytest.raises(ValueError, match="name contains the control character"):
+        check_text("a\nb", "name")
+
+
+def test_first_problem_is_loc_and_message() -> None:
+    with pytest.raises(ValidationError) as info:
+        MeasureOptions(timeout_s=-1)
+    assert first_problem(info.value) == "timeout_s: Input should be greater than 0"
+    with pytest.raises(ValidationError) as info:
+        Target.parse("cuda -model=\ud800")
+    assert first_problem(info.value) == ("target 'cuda -model=\\ud800' contains the lone "
+                                         "surrogate '\\ud800'")

@@ -729,6 +729,48 @@ def test_measured_outranks_imported_on_the_same_model(fresh: LiveServer) -> None
         ("target_key:cuda", 1), ("target_key:cuda", 2)]
 
 
+def test_best_logs_and_search_pick_the_same_winner(fresh: LiveServer) -> None:
+    """One winner per (device model, workload) in records/best, the pretuned log and the
+    search: measured first (an imported 1e-9 s record loses to a measured 1e-3 s one),
+    then the cheapest, then the first stored; with nothing measured, the import wins."""
+    base = next(r for r in tophub_lines(tophub_paths()[0])
+                if r["input"][1] == "conv2d_nchw.cuda")
+    batches = {"measured": 7, "imported only": 9}
+    args = {}
+    for name, batch in batches.items():
+        args[name] = copy.deepcopy(base["input"][2])
+        args[name][0][1][0] = batch  # workloads no TopHub record has
+
+    def rec(name: str, index: int, cost: float) -> dict[str, Any]:
+        r = copy.deepcopy(base)
+        r["input"][0], r["input"][2] = "cuda -model=h200", args[name]
+        r["config"]["index"], r["result"][0] = index, [cost]
+        return r
+
+    imported = [rec("measured", 1, 1e-9), rec("imported only", 2, 1e-9),
+                rec("imported only", 3, 1e-9), rec("measured", 4, 1e-3)]
+    assert import_text(fresh, "\n".join(map(json.dumps, imported)))["accepted"] == 4
+    # index 4 (imported, as cheap, stored first) and 6 (measured, as cheap, later) lose to 5
+    _store(fresh, [rec("measured", 5, 1e-3), rec("measured", 6, 1e-3)], "measured")
+    want = {7: 5, 9: 2}  # batch -> the winner's config index
+
+    wl = [{"template": base["input"][1], "args": args[name]} for name in batches]
+    answers = ask_best(fresh, "cuda -model=h200", wl)
+    assert [(rule, r["config"]["index"]) for rule, r in answers] == [
+        ("model", want[7]), ("model", want[9])]
+    with fresh.client("client") as client:
+        for target in ("cuda -model=h200", "cuda"):
+            log = client.get(f"/api/v1/logs/{target}")
+            assert log.status_code == 200, log.text
+            assert {r["input"][2][0][1][0]: r["config"]["index"]
+                    for r in log_lines(log.text)} == want, target
+            found = client.get("/api/v1/records/search",
+                               params={"target": target, "template": base["input"][1]})
+            assert found.status_code == 200, found.text
+            items = [i for i in found.json()["items"] if i["args"][0][1][0] in want]
+            assert {i["args"][0][1][0]: i["config"]["index"] for i in items} == want, target
+
+
 def test_rows_stored_before_validation_never_break_reads(fresh: LiveServer) -> None:
     """A row whose target no longer parses (stored before targets had to read back) is
     skipped by GET /records and best, shown by the search, and left out of nothing else."""

@@ -23,10 +23,11 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy import func, select, text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from schemas.text import describe, one_line
 from tuner_server.api import jobs, records, workers
 from tuner_server.db.models import RecordRow
 from tuner_server.db.session import check_schema, make_engine, session_factory
-from tuner_server.middleware import Guard, one_line, outage_reason
+from tuner_server.middleware import MAX_DETAIL_CHARS, Guard, outage_reason
 from tuner_server.queue import QueueUnavailable, make_queue
 from tuner_server.services.dispatch import workers_alive
 from tuner_server.services.metrics import Metrics
@@ -102,17 +103,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # One readable sentence per problem, naming the field, instead of a bare 422 dump;
         # the first few problems only, so a thousand bad items still answer in one line.
         errors = exc.errors()
-        problems = [f"{'.'.join(str(p) for p in e['loc'])}: "
-                    f"{str(e['msg']).removeprefix('Value error, ')}" for e in errors[:3]]
+        problems = [describe(e) for e in errors[:3]]
         if len(errors) > 3:
             problems.append(f"and {len(errors) - 3} more")
-        return JSONResponse({"detail": one_line("; ".join(problems))}, status_code=422)
+        return JSONResponse({"detail": one_line("; ".join(problems), MAX_DETAIL_CHARS)},
+                            status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # every route's refusal, whatever it quotes, stays one bounded line
         if isinstance(exc.detail, str):
-            exc = StarletteHTTPException(exc.status_code, one_line(exc.detail), exc.headers)
+            exc = StarletteHTTPException(exc.status_code, one_line(exc.detail, MAX_DETAIL_CHARS),
+                                         exc.headers)
         return await http_exception_handler(request, exc)
 
     # The dashboard: the page and its assets carry no data, so they need no token; the
@@ -166,7 +168,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def prometheus() -> PlainTextResponse:
         with sessions() as session:
             count = session.scalar(select(func.count()).select_from(RecordRow)) or 0
-            text = metrics.render(queue.depth(session), workers_alive(session), count)
+            text = metrics.render(queue.depth(session),
+                                  workers_alive(session, settings.lease_seconds), count)
         return PlainTextResponse(text)
 
     return app

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from schemas.text import one_line
 from tuner_server.queue import QueueUnavailable
 
 # Request bodies past these are refused (413) before they are read into memory.
@@ -24,12 +25,6 @@ DATABASE_DOWN = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.Disconne
 QUEUE_DOWN = (QueueUnavailable, redis.ConnectionError, redis.TimeoutError)
 
 log = logging.getLogger("tuner.server")
-
-
-def one_line(detail: str, limit: int = MAX_DETAIL_CHARS) -> str:
-    """``detail`` on one line, cut to ``limit`` characters."""
-    flat = " ".join(detail.split())
-    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
 def outage_reason(err: BaseException) -> str:

@@ -10,7 +10,7 @@ from pydantic import AfterValidator, BaseModel, Field, ValidationError
 from sqlalchemy.orm import Session
 
 from schemas import Target, Workload
-from schemas.target import check_text, shown
+from schemas.text import check_text, first_problem, shown
 from schemas.workload import MAX_TEMPLATE_CHARS
 from tuner_server.api.deps import MAX_ID, Caller, get_session, require
 from tuner_server.services import records as svc
@@ -25,16 +25,11 @@ def _target(text: str, field: str = "target") -> Target:
     try:
         return Target.parse(text)
     except ValidationError as err:
-        # One sentence, not pydantic's multi-line dump with its documentation URL.
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        msg = str(first["msg"]).removeprefix("Value error, ")
-        if where:
-            detail = f"{field}: {where}: {msg} (got {shown(text)})"
-        elif msg.startswith("target"):  # Target's own messages start with "target ..."
-            detail = field + msg.removeprefix("target")
+        problem = first_problem(err)
+        if problem.startswith("target"):  # Target's own messages name the target
+            detail = field + problem.removeprefix("target")
         else:
-            detail = f"{field}: {msg}"
+            detail = f"{field}: {problem} (got {shown(text)})"
         raise HTTPException(422, detail) from None
     except ValueError as err:
         raise HTTPException(422, f"{field}: {err}") from None
@@ -105,8 +100,7 @@ def list_records(
         try:
             wl = Workload(template=template, args=workload)
         except ValidationError as err:
-            msg = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
-            raise HTTPException(422, f"workload: {msg}") from None
+            raise HTTPException(422, f"workload: {first_problem(err)}") from None
     total, items = svc.query(session, _target(target) if target else None, template, wl,
                              limit, offset)
     return RecordPage(total=total, items=[r.to_json() for r in items])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -17,7 +16,8 @@ from sqlalchemy.orm import Session, aliased
 from compiler.templates import UnknownTemplateError, get_template
 from compiler.templates.space import ConfigSpace, SplitKnob
 from schemas import Config, Record, RecordFormatError, Target, Workload
-from schemas.measure import FAILED_COST
+from schemas.measure import FAILED_COST, check_info, check_measurement
+from schemas.text import one_line
 from tuner_server.db.models import RecordRow
 
 log = logging.getLogger("tuner.records")
@@ -27,6 +27,7 @@ BATCH = 1000
 MAX_LINE_CHARS = 64 * 1024
 # An import's answer names this many refused lines, then only counts the rest.
 MAX_REPORTED_ERRORS = 100
+MAX_REASON_CHARS = 400  # characters of each refused line's reason
 # POST /records/best answers at most this many workloads a request.
 MAX_BEST_WORKLOADS = 1000
 
@@ -41,7 +42,7 @@ class ImportReport:
     def refuse(self, number: int, why: str) -> None:
         self.refused += 1
         if len(self.errors) < MAX_REPORTED_ERRORS:
-            self.errors.append((number, why))
+            self.errors.append((number, one_line(why, MAX_REASON_CHARS)))
 
 
 @dataclass(frozen=True)
@@ -138,14 +139,15 @@ def _invalid(record: Record) -> str | None:
     """Why ``record`` is not a measurement we would have stored ourselves, or None: the
     rules a worker's result obeys, plus, for a template we have, arguments it reads and a
     config shaped like a point of its space."""
-    result = record.result
-    if not all(math.isfinite(c) and c > 0 for c in result.costs):
-        return "result: every cost must be a finite number > 0 seconds"
-    if result.ok and not result.costs:
-        return "result: error_no 0 needs at least one cost"
-    if not (math.isfinite(result.all_cost) and result.all_cost >= 0
-            and math.isfinite(result.timestamp)):
-        return "result: all_cost and timestamp must be finite numbers, all_cost >= 0"
+    try:
+        check_measurement(record.result)
+    except ValueError as err:
+        return f"result: {err}"
+    try:
+        if record.info is not None:
+            check_info(record.info)
+    except ValueError as err:
+        return str(err)
     try:
         template = get_template(record.workload.template)
     except UnknownTemplateError:
@@ -272,8 +274,11 @@ def best(session: Session, workloads: Sequence[Workload], target: Target) -> lis
 
 
 # One best record per (target kind, device model, workload): the pretuned log's and the
-# dashboard's unit. ``ix_records_groups`` holds every column these queries read, so the
-# winners are found from the index alone; only their own JSON lines are read.
+# dashboard's unit, its winner ranked as ``best`` ranks a device model's records: this
+# fleet's measurements first, then the cheapest, then the first stored.
+# ``ix_records_groups`` holds every column the grouping reads, so the cheapest of each
+# group is found from the index alone; ``source`` is read only for those winners, and an
+# imported one's group is searched again, cheapest first, for a measurement.
 _GROUP = (RecordRow.target_kind, RecordRow.target_model, RecordRow.workload_key)
 
 
@@ -285,20 +290,32 @@ def _group_best(clauses: Sequence[Any]) -> Any:
 
 
 def _winner_ids(groups: Any) -> Any:
-    """SELECT the id of each group's best record (``groups``: a ``_group_best`` subquery):
-    of equal costs the first stored, as AutoTVM keeps the first it reads."""
+    """SELECT the id of each group's winner (``groups``: a ``_group_best`` subquery).
+
+    First the group's cheapest record, of equal costs the first stored, as AutoTVM
+    keeps the first it reads; when that one is imported, the group's cheapest
+    measurement (first stored) replaces it, if the fleet measured the group at all."""
     r = aliased(RecordRow)
-    return (select(func.min(r.id))
-            .join(groups, and_(r.error_no == 0, r.target_kind == groups.c.target_kind,
-                               r.target_model == groups.c.target_model,
-                               r.workload_key == groups.c.workload_key,
-                               r.mean_cost == groups.c.best))
-            .group_by(r.target_kind, r.target_model, r.workload_key))
+    cheapest = (select(func.min(r.id))
+                .join(groups, and_(r.error_no == 0, r.target_kind == groups.c.target_kind,
+                                   r.target_model == groups.c.target_model,
+                                   r.workload_key == groups.c.workload_key,
+                                   r.mean_cost == groups.c.best))
+                .group_by(r.target_kind, r.target_model, r.workload_key))
+    w, m = aliased(RecordRow), aliased(RecordRow)
+    measured = (select(m.id)
+                .where(m.error_no == 0, m.target_kind == w.target_kind,
+                       m.target_model == w.target_model, m.workload_key == w.workload_key,
+                       m.source == "measured")
+                .order_by(m.mean_cost, m.id).limit(1).correlate(w).scalar_subquery())
+    return (select(case((w.source == "imported", func.coalesce(measured, w.id)), else_=w.id))
+            .where(w.id.in_(cheapest)))
 
 
 def pretuned_log(session: Session, target: Target) -> tuple[list[str], str]:
-    """Best record per (device model, workload) among ``target``'s records, as AutoTVM
-    lines, plus an ETag that changes whenever the answer does.
+    """Best record per (device model, workload) among ``target``'s records (measured
+    first, then cheapest: ``_winner_ids``), as AutoTVM lines, plus an ETag that changes
+    whenever the answer does.
 
     Every stored line is ``json.dumps(Record.to_json())`` (inserts go through
     ``record_row``; a JSON column keeps the text it was given), which is exactly
@@ -368,9 +385,9 @@ def search(session: Session, target: Target | None = None, template: str | None 
     """Records matching the filters (``workload_contains``: a substring of the workload
     key, e.g. ``1,64,56,56``, in any case), with (total, page).
 
-    ``best_only``: one row per (device model, workload), its cheapest working record (as
-    the pretuned log picks), ordered by template and workload; else every record, newest
-    first."""
+    ``best_only``: one row per (device model, workload), its winner as the pretuned log
+    picks it (measured first, then cheapest), ordered by template and workload; else
+    every record, newest first."""
     clauses: list[Any] = []
     if target is not None:
         clauses += _target_filter(target)
