@@ -852,6 +852,12 @@ def test_malformed_requests_are_4xx_naming_the_field(make_api: Callable[..., Api
         ("results for a trial nobody leased", "POST", f"{w}/results", me,
          {"json": {"results": [{"trial_id": 424242, "result": res}]}}, 409,
          ("trial 424242 does not exist", "nothing stored")),
+        ("heartbeat a trial nobody leased", "POST", f"{w}/heartbeat", me,
+         {"json": {"trial_ids": [leased["trial_id"], 424242]}}, 409,
+         ("trial 424242 does not exist", "nothing extended")),
+        ("release a trial nobody leased", "POST", f"{w}/release", me,
+         {"json": {"trial_ids": [leased["trial_id"], 424242]}}, 409,
+         ("trial 424242 does not exist", "nothing released")),
         ("max_trials a string", "POST", f"{w}/lease", me,
          {"json": {"max_trials": "x"}}, 422, ("max_trials",)),
         ("max_trials 0", "POST", f"{w}/lease", me, {"json": {"max_trials": 0}}, 422,
@@ -905,8 +911,14 @@ def test_malformed_requests_are_4xx_naming_the_field(make_api: Callable[..., Api
     assert [j["id"] for j in api.ok("GET", "/api/v1/jobs")] == [job_id]
     assert job_records(api.db, job_id) == []
     assert [t.status for t in job_trials(api.db, job_id)].count("leased") == 1
-    # a timer that reads 0 is stored, and the job still describes itself
-    assert api.report(wid, leased["trial_id"], cost=0.0)["accepted"] == 1
+    # a timer that reads 0 would rank first for every device: refused (the rule records
+    # import applies too); the tiniest real cost is stored and the job describes itself
+    body = {"results": [{"trial_id": leased["trial_id"], "result": {
+        "costs": [0.0], "error_no": 0, "all_cost": 0.1, "timestamp": 1.0}}]}
+    zero = api.call("POST", f"/api/v1/workers/{wid}/results", json=body)
+    assert zero.status_code == 422 and "> 0" in zero.json()["detail"], zero.text
+    assert job_records(api.db, job_id) == []
+    assert api.report(wid, leased["trial_id"], cost=1e-12)["accepted"] == 1
     assert api.call("GET", f"/api/v1/jobs/{job_id}").status_code == 200
 
 

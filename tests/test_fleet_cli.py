@@ -548,14 +548,21 @@ class ScriptedServer:
     def __init__(self, answers: dict[str, list[tuple[int, Any]]]) -> None:
         self.answers = answers
         self.calls: list[tuple[str, str, str]] = []
+        self.bodies: list[Any] = []  # each call's JSON body (None without one)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         self.calls.append((request.method, path, request.headers.get("authorization", "")))
+        self.bodies.append(json.loads(request.content) if request.content else None)
         key = f"{request.method} {path.rsplit('/', 1)[-1] if path.count('/') > 4 else path}"
         script = self.answers.get(key) or [(200, {})]
         status, body = script.pop(0) if len(script) > 1 else script[0]
         return httpx.Response(status, json=body)
+
+    def sent(self, suffix: str) -> list[Any]:
+        """The bodies of the calls to paths ending with ``suffix``, in order."""
+        return [body for (_, path, _), body in zip(self.calls, self.bodies, strict=True)
+                if path.endswith(suffix)]
 
 
 def _trial(trial_id: int) -> dict[str, Any]:
@@ -595,9 +602,12 @@ def test_agent_rides_out_503_drops_a_409_and_deregisters() -> None:
         "Bearer tok-7"}
 
 
-def test_agent_that_crashes_gives_nothing_back() -> None:
-    """An error that escapes the loop (here: the token is refused mid-lease) neither
-    releases the lease nor deregisters: the server counts it as an attempt."""
+def test_agent_whose_token_is_revoked_stops_saying_so(caplog: pytest.LogCaptureFixture
+                                                       ) -> None:
+    """A result answered 401 (the token was revoked, or another process registered as
+    this worker) stops the worker with one log line saying so: the error escapes the
+    loop, which neither releases the lease nor deregisters (both would be refused);
+    the leases expire and count as attempts."""
     from workers.agent import ServerRefused
 
     agent, server = _scripted_agent({
@@ -609,3 +619,104 @@ def test_agent_that_crashes_gives_nothing_back() -> None:
         agent.run()
     methods = [(m, p.rsplit("/", 1)[-1]) for m, p, _ in server.calls]
     assert ("POST", "release") not in methods and ("DELETE", "8") not in methods, methods
+    assert methods.count(("POST", "results")) == 1, methods
+    said = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("no longer accepts this worker's token" in m and "401" in m for m in said), said
+
+
+def test_agent_drops_a_result_the_server_refuses_and_goes_on() -> None:
+    """A result refused with 422 is reported failed instead; a 409 on that report, or
+    a 404 on another trial's, drops the trial; the worker goes on and ends cleanly."""
+    agent, server = _scripted_agent({
+        "POST /api/v1/workers": [(201, {"id": 7, "token": "tok-7"})],
+        "POST lease": [(200, {"trials": [_trial(1), _trial(2), _trial(3)]})],
+        "POST results": [(422, {"detail": "costs: must be finite"}),
+                         (409, {"detail": "trial 1 is queued, not leased to worker 7"}),
+                         (404, {"detail": "worker 7 is not registered"}),
+                         (200, {"accepted": 1})],
+    })
+    assert agent.run(max_trials=3) == 3
+    reported = [body["results"][0] for body in server.sent("/results")]
+    assert [r["trial_id"] for r in reported] == [1, 1, 2, 3]
+    assert [r["result"]["error_no"] for r in reported] == [0, MeasureErrorNo.UNKNOWN_ERROR,
+                                                            0, 0]
+    assert server.calls[-1][:2] == ("DELETE", "/api/v1/workers/7")
+
+
+def test_agent_registers_again_when_told_it_is_deregistered() -> None:
+    """A lease answered 409 "deregistered; register again": the agent registers again,
+    with the token it was started with, and serves on with the new id and token."""
+    agent, server = _scripted_agent({
+        "POST /api/v1/workers": [(201, {"id": 7, "token": "tok-7"}),
+                                 (201, {"id": 9, "token": "tok-9"})],
+        "POST lease": [(409, {"detail": "worker 7 deregistered; register again"}),
+                       (200, {"trials": [_trial(1)]})],
+        "POST results": [(200, {"accepted": 1})],
+    })
+    assert agent.run(max_trials=1) == 1
+    registrations = [auth for m, p, auth in server.calls if p == "/api/v1/workers"]
+    assert registrations == ["Bearer bootstrap-token"] * 2
+    assert ("POST", "/api/v1/workers/9/results", "Bearer tok-9") in server.calls
+    assert server.calls[-1][:2] == ("DELETE", "/api/v1/workers/9")
+
+
+class BlockingMeasurer(FakeMeasurer):
+    """Its first trial measures until the measurer is closed (as killing the child
+    ends a measurement); the others measure 20 us."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = threading.Event()
+
+    def measure(self, _request: Any) -> MeasureResult:
+        self.calls += 1
+        if self.calls == 1 and not self.closed.wait(20):
+            raise AssertionError("the measurement in hand was never stopped")
+        return MeasureResult(costs=(2e-5,), error_no=MeasureErrorNo.NO_ERROR, all_cost=0.1)
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_agent_stops_measuring_a_trial_a_heartbeat_says_is_not_ours() -> None:
+    """A heartbeat answered 409 (nothing extended): the agent beats each trial alone to
+    learn which is no longer its own, kills that one's measurement and reports nothing
+    for it; the other trial is measured and reported."""
+    agent, server = _scripted_agent({
+        "POST /api/v1/workers": [(201, {"id": 7, "token": "tok-7"})],
+        "POST lease": [(200, {"trials": [_trial(1), _trial(2)], "lease_seconds": 0.3})],
+        "POST heartbeat": [(409, {"detail": "heartbeat refused: trial 1 is queued"}),
+                           (409, {"detail": "heartbeat refused: trial 1 is queued"}),
+                           (200, {"extended": 1})],
+        "POST results": [(200, {"accepted": 1})],
+    })
+    agent._measurer = BlockingMeasurer()
+    assert agent.run(max_trials=1) == 1
+    beats = [body["trial_ids"] for body in server.sent("/heartbeat")]
+    assert beats[:3] == [[1, 2], [1], [2]], beats
+    assert [body["results"][0]["trial_id"] for body in server.sent("/results")] == [2]
+
+
+def test_a_stopping_agent_gives_up_reporting_after_about_a_lease(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """SIGTERM while the server is down: the result in hand is retried for about the
+    server's lease, then dropped (its lease expires), and the worker exits."""
+    agent, server = _scripted_agent({
+        "POST /api/v1/workers": [(201, {"id": 7, "token": "tok-7"})],
+        "POST lease": [(200, {"trials": [_trial(1)], "lease_seconds": 0.5})],
+        "POST results": [(503, {"detail": "database unavailable: test"})],
+    })
+
+    class SignalledMeasurer(FakeMeasurer):
+        def measure(self, _request: Any) -> MeasureResult:
+            agent.stopping.set()  # SIGTERM arrives mid-trial
+            return super().measure(_request)
+
+    agent._measurer = SignalledMeasurer()
+    start = time.monotonic()
+    agent.run()
+    assert time.monotonic() - start < 5
+    reports = [p for _, p, _ in server.calls if p.endswith("/results")]
+    assert len(reports) >= 2, server.calls
+    said = [r.getMessage() for r in caplog.records]
+    assert any("could not be reported while stopping" in m for m in said), said

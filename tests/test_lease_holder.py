@@ -196,15 +196,53 @@ def test_a_token_speaks_for_its_own_worker(fleet: Fleet) -> None:
     beat = fleet.call(fleet.role("admin"), "POST", f"{base}/heartbeat",
                       json={"trial_ids": [held]})
     assert beat.status_code == 200 and beat.json() == {"extended": 1}
-    # bob's heartbeat for alice's trial, on his own path, extends nothing
+    # bob's heartbeat for alice's trial, on his own path: refused, her lease untouched
+    deadline = fleet.trial(held).lease_deadline
     other = fleet.call(bob_token, "POST", f"/api/v1/workers/{bob}/heartbeat",
                        json={"trial_ids": [held]})
-    assert other.status_code == 200 and other.json() == {"extended": 0}
+    assert other.status_code == 409
+    assert other.json()["detail"] == (f"heartbeat refused, nothing extended: trial {held} "
+                                      f"is leased to worker {alice}")
+    assert fleet.trial(held).lease_deadline == deadline
     # an unknown worker: 404 for an admin, 403 for a worker's token
     assert fleet.call(fleet.role("admin"), "POST", "/api/v1/workers/424242/lease",
                       json={"wait_s": 0}).status_code == 404
     assert fleet.call(alice_token, "POST", "/api/v1/workers/424242/lease",
                       json={"wait_s": 0}).status_code == 403
+
+
+def test_heartbeat_and_release_only_for_trials_the_worker_holds(fleet: Fleet) -> None:
+    """A heartbeat or release naming a trial the worker does not hold (another's, queued,
+    unknown) is a 409 naming it, and changes nothing, not even the trials it does hold;
+    a trial it already reported is left alone, not refused (a beat racing its report)."""
+    fleet.submit(n_trial=3)
+    fleet.run_pass()
+    (w1, t1), (w2, t2) = fleet.register("w1"), fleet.register("w2")
+    a, b = fleet.lease(w1, t1, n=2)
+    [c] = fleet.lease(w2, t2)
+    base = f"/api/v1/workers/{w1}"
+    deadline = fleet.trial(a).lease_deadline
+    for path, head in (("heartbeat", "heartbeat refused, nothing extended"),
+                       ("release", "release refused, nothing released")):
+        response = fleet.call(t1, "POST", f"{base}/{path}", json={"trial_ids": [a, c, 4242]})
+        assert response.status_code == 409, response.text
+        assert response.json()["detail"] == (f"{head}: trial {c} is leased to worker {w2}; "
+                                             "trial 4242 does not exist")
+        row = fleet.trial(a)
+        assert (row.status, row.worker_id, row.lease_deadline) == ("leased", w1, deadline)
+    assert fleet.call(t1, "POST", f"{base}/results", json=results(a)).status_code == 200
+    beat = fleet.call(t1, "POST", f"{base}/heartbeat", json={"trial_ids": [a, b]})
+    assert beat.status_code == 200 and beat.json() == {"extended": 1}
+    back = fleet.call(t1, "POST", f"{base}/release", json={"trial_ids": [a, b]})
+    assert back.status_code == 200 and back.json() == {"released": 1}
+    row = fleet.trial(b)
+    assert (row.status, row.worker_id, row.attempts) == ("queued", None, 0)
+    for token, worker, trial_id, why in ((t1, w1, b, f"queued, not leased to worker {w1}"),
+                                         (t2, w2, a, f"done, not leased to worker {w2}")):
+        response = fleet.call(token, "POST", f"/api/v1/workers/{worker}/heartbeat",
+                              json={"trial_ids": [trial_id]})
+        assert response.status_code == 409
+        assert response.json()["detail"].endswith(f"trial {trial_id} is {why}")
 
 
 def test_deregister_returns_trials_and_shows_the_worker_stopped(fleet: Fleet) -> None:
@@ -260,6 +298,34 @@ def test_registering_again_reuses_a_stopped_or_lost_workers_row(fleet: Fleet) ->
                       json={"trial_ids": []}).status_code == 401
     assert fleet.call(token, "POST", f"/api/v1/workers/{first}/heartbeat",
                       json={"trial_ids": []}).status_code == 200
+
+
+def test_taking_over_a_lost_workers_row_expires_its_leases(fleet: Fleet) -> None:
+    """A worker registering as a lost one (same name and target, not seen within a
+    lease) takes over its row; the trials the lost process held are handled as expired
+    leases at once: queued again with the attempt counted, or failed (error 8) when it
+    was the second worker the trial lost."""
+    fleet.submit(n_trial=2)
+    fleet.run_pass()
+    lost, token = fleet.register("box")
+    first, second = fleet.lease(lost, token, n=2)
+    with Session(fleet.db) as session, session.begin():
+        session.execute(update(TrialRow).where(TrialRow.id == second).values(attempts=2))
+        session.execute(update(WorkerRow).where(WorkerRow.id == lost)
+                        .values(last_seen=time.time() - 3600))
+    again, new_token = fleet.register("box")
+    assert again == lost
+    row = fleet.trial(first)
+    assert (row.status, row.worker_id, row.attempts) == ("queued", None, 1)
+    row = fleet.trial(second)
+    assert (row.status, row.error_no) == ("done", int(MeasureErrorNo.UNKNOWN_ERROR))
+    [(recorded, record)] = fleet.records()
+    assert recorded == second and "it lost 2 workers" in (record.result.error_msg or "")
+    # the old process's late result is refused; the new one leases the requeued trial
+    late = fleet.call(token, "POST", f"/api/v1/workers/{lost}/results", json=results(first))
+    assert late.status_code == 401
+    assert fleet.lease(lost, new_token, n=2) == [first]
+    assert fleet.trial(first).attempts == 2
 
 
 def _expire(fleet: Fleet, trial_id: int) -> None:

@@ -246,10 +246,10 @@ def test_tasks_and_jobs_whose_trials_all_failed_end_failed_with_counts(
         job = session.get(JobRow, single)
         assert job is not None and (job.status, job.error) == (
             "failed", "all 3 trials failed: 3 x error 5 (WRONG_ANSWER)")
-        shown = jobs.describe(session, half)
+        shown = jobs.describe(session, half, lease_s=120.0)
         assert shown is not None
         assert [t["error"] for t in shown["tasks"]] == [first.error, None]
-        assert jobs.describe(session, single)["error"] == job.error  # type: ignore[index]
+        assert jobs.describe(session, single, lease_s=120.0)["error"] == job.error  # type: ignore[index]
 
 
 def test_a_job_no_live_worker_serves_says_so(sessions: sessionmaker[Session]) -> None:

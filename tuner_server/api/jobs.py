@@ -102,7 +102,8 @@ def task_trials(job_id: PathId, task_id: PathId,
 @router.post("/{job_id}/cancel")
 def cancel(job_id: PathId, session: Session = Depends(get_session),
            _caller: Caller = Depends(require("client"))) -> dict[str, Any]:
-    if not svc.cancel(session, job_id):
+    status = svc.cancel(session, job_id)
+    if status is None:
         raise HTTPException(404, f"job {job_id} not found")
     session.commit()
-    return {"id": job_id, "status": svc.describe(session, job_id, with_curves=False)["status"]}  # type: ignore[index]
+    return {"id": job_id, "status": status}

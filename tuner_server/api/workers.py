@@ -5,19 +5,18 @@ call for it needs that token (or an admin's)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 from sqlalchemy.orm import Session
 
 from schemas import DeviceLimits, MeasureResult, Target
+from schemas.measure import MAX_INFO_CHARS, check_info, check_measurement
 from schemas.target import check_text
 from tuner_server.api.deps import (
     BodyId,
@@ -27,12 +26,10 @@ from tuner_server.api.deps import (
     require,
     require_worker_self,
 )
+from tuner_server.db.models import WorkerRow
 from tuner_server.services import dispatch, fleet
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"])
-
-# A result's info (worker name, build log excerpts) rides in every record's line.
-MAX_INFO_CHARS = 16384
 
 
 class WorkerRegistration(BaseModel):
@@ -83,22 +80,12 @@ class TrialResult(BaseModel):
     @field_validator("info")
     @classmethod
     def _small(cls, info: dict[str, Any] | None) -> dict[str, Any] | None:
-        if info is not None and len(json.dumps(info)) > MAX_INFO_CHARS:
-            raise ValueError(f"at most {MAX_INFO_CHARS} characters of JSON")
-        return info
+        return info if info is None else check_info(info)
 
     @field_validator("result")
     @classmethod
     def _measured(cls, result: MeasureResult) -> MeasureResult:
-        # NaN and Infinity cannot be stored (PostgreSQL refuses them in JSON, SQLite turns
-        # them into NULL) and a negative cost would rank first: refuse them here.
-        if not all(math.isfinite(c) and c >= 0 for c in result.costs):
-            raise ValueError(f"costs: every cost must be a finite number >= 0 seconds "
-                             f"(got {list(result.costs)})")
-        if result.ok and not result.costs:
-            raise ValueError("costs: a result with error_no 0 needs at least one cost")
-        if not (math.isfinite(result.all_cost) and math.isfinite(result.timestamp)):
-            raise ValueError("all_cost and timestamp must be finite numbers")
+        check_measurement(result)  # the rule records import applies too
         return result
 
 
@@ -106,7 +93,7 @@ class Results(BaseModel):
     results: list[TrialResult] = Field(max_length=4096)
 
 
-def _worker(session: Session, worker_id: int) -> Any:
+def _worker(session: Session, worker_id: int) -> WorkerRow:
     worker = dispatch.get_worker(session, worker_id)
     if worker is None:
         raise HTTPException(404, f"worker {worker_id} is not registered")
@@ -133,11 +120,17 @@ def list_workers(request: Request, session: Session = Depends(get_session),
 def register(body: WorkerRegistration, request: Request,
              session: Session = Depends(get_session),
              _caller: Caller = Depends(require("worker"))) -> dict[str, Any]:
-    """Any worker token may register; the answer's token is the worker's own."""
-    worker_id, token = dispatch.register(session, body.name, body.target, body.limits,
-                                         body.device, request.app.state.settings.lease_seconds)
+    """Any worker token may register; the answer's token is the worker's own.
+
+    Any worker token may also take over the row of a worker of the same name and target
+    that is not alive (a restart): that row's older tokens stop working and the trials it
+    still held are handled as expired leases."""
+    done = dispatch.register(session, body.name, body.target, body.limits, body.device,
+                             request.app.state.settings.lease_seconds)
     session.commit()
-    return {"id": worker_id, "token": token}
+    request.app.state.queue.returned(done.requeued)
+    request.app.state.queue.finished(done.failed)
+    return {"id": done.id, "token": done.token}
 
 
 @router.delete("/{worker_id}")
@@ -164,7 +157,7 @@ async def lease(worker_id: PathId, body: LeaseRequest, request: Request,
         await asyncio.sleep(min(0.05, max(deadline - time.time(), 0)))
 
 
-def _lease_once(app: Any, worker_id: int, max_trials: int) -> list[dict[str, Any]]:
+def _lease_once(app: FastAPI, worker_id: int, max_trials: int) -> list[dict[str, Any]]:
     with app.state.sessions() as session:
         worker = _worker(session, worker_id)
         with _refusals():
@@ -180,8 +173,15 @@ def _lease_once(app: Any, worker_id: int, max_trials: int) -> list[dict[str, Any
 def heartbeat(worker_id: PathId, body: TrialIds, request: Request,
               session: Session = Depends(get_session),
               _caller: Caller = Depends(require_worker_self)) -> dict[str, int]:
-    extended = dispatch.heartbeat(session, _worker(session, worker_id), body.trial_ids,
-                                  request.app.state.settings.lease_seconds)
+    """Extend the leases of trials this worker holds. 409 (nothing extended) naming
+    the trials that are not its own (unknown, queued again, leased to or measured by
+    another): the worker stops measuring those. Trials it already reported (or that
+    were cancelled while it held them) are left alone, not refused: a beat may race
+    its own report."""
+    worker = _worker(session, worker_id)
+    with _refusals():
+        extended = dispatch.heartbeat(session, worker, body.trial_ids,
+                                      request.app.state.settings.lease_seconds)
     session.commit()
     return {"extended": extended}
 
@@ -205,7 +205,13 @@ def results(worker_id: PathId, body: Results, request: Request,
 def release(worker_id: PathId, body: TrialIds, request: Request,
             session: Session = Depends(get_session),
             _caller: Caller = Depends(require_worker_self)) -> dict[str, int]:
-    trials = dispatch.release(session, _worker(session, worker_id), body.trial_ids)
+    """Give trials back unmeasured (not a failed attempt). 409 (nothing released)
+    naming the trials that are not this worker's; trials it already reported (or that
+    were cancelled while it held them) are harmless no-ops, not counted in
+    ``released``."""
+    worker = _worker(session, worker_id)
+    with _refusals():
+        trials = dispatch.release(session, worker, body.trial_ids)
     session.commit()
     request.app.state.queue.returned(trials)
     return {"released": len(trials)}

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, not_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -25,6 +25,7 @@ from schemas import (
 )
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import DispatchQueue, queue_matches
+from tuner_server.services.fleet import alive_clause
 from tuner_server.services.records import record_row
 from tuner_server.services.tokens import bind_worker_token, revoke_worker_tokens
 
@@ -47,27 +48,53 @@ class ReportCounts:
     duplicates: int = 0
 
 
-def register(session: Session, name: str, target: Target, limits: DeviceLimits,
-             device: str | None, lease_s: float) -> tuple[int, str]:
-    """Register a worker; returns (its id, a new token bound to it).
+@dataclass
+class Registration:
+    """A registered worker, and what taking over a lost worker's row did to its leases
+    (for the caller to tell the queue after the commit)."""
 
-    A worker of the same name and target that deregistered or has not been seen within
-    a lease is this one come back (a restart, the next embedded run): its row is reused,
-    so the fleet does not fill with dead rows. A live namesake is another worker."""
+    id: int
+    token: str  # new, bound to this worker
+    requeued: list[TrialRow]  # the lost incarnation's trials, queued again
+    failed: list[int]  # ... or failed (error 8): it was the second worker they lost
+
+
+def register(session: Session, name: str, target: Target, limits: DeviceLimits,
+             device: str | None, lease_s: float) -> Registration:
+    """Register a worker, with a new token bound to it.
+
+    A worker of the same name and target that is not alive (:func:`alive_clause`:
+    deregistered, or not seen within a lease) is this one come back (a restart, the next
+    embedded run): its row is reused, so the fleet does not fill with dead rows, and its
+    older tokens stop working. Any worker token may take such a row over: the name and
+    target are all that identify it. A live namesake is another worker.
+
+    Trials the lost incarnation still held were lost with it: they are handled as
+    expired leases now (:func:`expire`: queued again with the attempt counted, or failed
+    if it was the second worker they lost), so a trial that killed two workers is still
+    failed, not handed to a third."""
     now = time.time()
     worker = session.scalars(
         select(WorkerRow)
         .where(WorkerRow.name == name, WorkerRow.target == str(target),
-               WorkerRow.stopped_at.is_not(None) | (WorkerRow.last_seen < now - lease_s))
+               not_(alive_clause(now, lease_s)))
         .order_by(WorkerRow.id.desc()).limit(1)
         .with_for_update().execution_options(populate_existing=True)).first()
+    requeued: list[TrialRow] = []
+    failed: list[int] = []
     if worker is None:
         worker = WorkerRow(name=name, target=str(target))
         session.add(worker)
+    else:
+        requeued, failed = expire(session, list(session.scalars(
+            select(TrialRow).where(TrialRow.worker_id == worker.id,
+                                   TrialRow.status == "leased")
+            .order_by(TrialRow.id).with_for_update())))
     worker.limits, worker.device = limits.model_dump(), device
     worker.last_seen, worker.stopped_at = now, None
     session.flush()
-    return worker.id, bind_worker_token(session, worker.id, name)
+    return Registration(worker.id, bind_worker_token(session, worker.id, name),
+                        requeued, failed)
 
 
 def get_worker(session: Session, worker_id: int) -> WorkerRow | None:
@@ -114,30 +141,49 @@ def lease(session: Session, queue: DispatchQueue, worker: WorkerRow, limit: int,
     return out, failed
 
 
+def _held(session: Session, worker: WorkerRow, trial_ids: list[int], refused: str
+          ) -> list[TrialRow]:
+    """The trials of ``trial_ids`` leased to this worker, locked in id order. Those it
+    finished (or that were cancelled while it held them) are left out: a beat or a
+    release racing its own report is harmless. Any other id (unknown, queued, leased to
+    or measured by another worker) raises :class:`WorkerRefused` (``refused`` heads it)."""
+    trials = list(session.scalars(
+        select(TrialRow).where(TrialRow.id.in_(sorted(set(trial_ids)))).order_by(TrialRow.id)
+        .with_for_update().execution_options(populate_existing=True)))
+    found = {t.id: t for t in trials}
+    reasons = {i: _refusal(found.get(i), worker) for i in dict.fromkeys(trial_ids)
+               if (t := found.get(i)) is None or t.worker_id != worker.id
+               or t.status not in ("leased", "done", "cancelled")}
+    if reasons:
+        raise WorkerRefused(_refused(reasons, refused))
+    return [t for t in trials if t.status == "leased"]
+
+
 def heartbeat(session: Session, worker: WorkerRow, trial_ids: list[int],
               lease_s: float) -> int:
+    """Extend the leases of these trials; returns how many. Raises
+    :class:`WorkerRefused` (nothing extended) when one is not this worker's (see
+    :func:`_held`): the worker should stop measuring it."""
     now = time.time()
     worker.last_seen = now
-    if not trial_ids:
-        return 0
-    result = session.execute(
-        update(TrialRow)
-        .where(TrialRow.id.in_(trial_ids), TrialRow.worker_id == worker.id,
-               TrialRow.status == "leased")
-        .values(lease_deadline=now + lease_s))
-    return result.rowcount  # type: ignore[attr-defined,no-any-return]
+    trials = _held(session, worker, trial_ids, "heartbeat refused, nothing extended")
+    for trial in trials:
+        trial.lease_deadline = now + lease_s
+    return len(trials)
 
 
 def release(session: Session, worker: WorkerRow, trial_ids: list[int] | None
             ) -> list[TrialRow]:
     """Give trials back unmeasured (a worker shutting down): not a failed attempt.
 
-    ``None``: every trial the worker holds."""
-    query = select(TrialRow).where(TrialRow.worker_id == worker.id,
-                                   TrialRow.status == "leased")
-    if trial_ids is not None:
-        query = query.where(TrialRow.id.in_(trial_ids))
-    trials = list(session.scalars(query.with_for_update()))
+    ``None``: every trial the worker holds. Raises :class:`WorkerRefused` (nothing
+    released) when a trial named is not this worker's (see :func:`_held`)."""
+    if trial_ids is None:
+        trials = list(session.scalars(
+            select(TrialRow).where(TrialRow.worker_id == worker.id, TrialRow.status == "leased")
+            .order_by(TrialRow.id).with_for_update()))
+    else:
+        trials = _held(session, worker, trial_ids, "release refused, nothing released")
     for trial in trials:
         trial.status, trial.worker_id, trial.lease_deadline = "queued", None, None
         trial.attempts = max(trial.attempts - 1, 0)
@@ -207,7 +253,7 @@ def _refusal(trial: TrialRow | None, worker: WorkerRow) -> str:
     return f"{trial.status}, not leased to worker {worker.id}"
 
 
-def _refused(reasons: dict[int, str]) -> str:
+def _refused(reasons: dict[int, str], head: str = "results refused, nothing stored") -> str:
     """One sentence naming the first REFUSAL_IDS trials, grouped by reason."""
     groups: dict[str, list[int]] = {}
     for trial_id in list(reasons)[:REFUSAL_IDS]:
@@ -220,7 +266,7 @@ def _refused(reasons: dict[int, str]) -> str:
             f"{'are' if many else 'is'} {why}")
         parts.append(f"{named} {verb}")
     more = len(reasons) - REFUSAL_IDS
-    return (f"results refused, nothing stored: {'; '.join(parts)}"
+    return (f"{head}: {'; '.join(parts)}"
             + (f"; and {more} more" if more > 0 else ""))
 
 
@@ -305,24 +351,31 @@ def _fail_lost(session: Session, trial: TrialRow, lost: int) -> bool:
     return True
 
 
-def reclaim_expired(session: Session, now: float | None = None) -> tuple[list[TrialRow], int]:
-    """Expired leases go back to the queue; a trial whose lease expired twice is
-    recorded as failed (error 8) instead. Returns (trials requeued, trials given up)."""
-    now = time.time() if now is None else now
-    expired = list(session.scalars(select(TrialRow).where(
-        TrialRow.status == "leased", TrialRow.lease_deadline < now).with_for_update()))
-    requeued, failed = [], 0
-    for trial in expired:
+def expire(session: Session, trials: list[TrialRow]) -> tuple[list[TrialRow], list[int]]:
+    """These leased trials lost their worker (the lease expired, or the worker came
+    back as a new process): each goes back to the queue with the attempt counted, or,
+    the second worker it lost, is recorded as failed (error 8). Returns (trials
+    requeued, ids of trials failed)."""
+    requeued, failed = [], []
+    for trial in trials:
         if trial.attempts < MAX_ATTEMPTS:
             trial.status, trial.worker_id, trial.lease_deadline = "queued", None, None
             requeued.append(trial)
         elif _fail_lost(session, trial, trial.attempts):
-            failed += 1
+            failed.append(trial.id)
     return requeued, failed
 
 
-def workers_alive(session: Session, within_s: float = 60.0) -> int:
-    """Workers that serve: registered, not deregistered, seen within ``within_s``."""
-    cutoff = time.time() - within_s
-    return len(session.scalars(select(WorkerRow.id).where(
-        WorkerRow.stopped_at.is_(None), WorkerRow.last_seen >= cutoff)).all())
+def reclaim_expired(session: Session, now: float | None = None) -> tuple[list[TrialRow], int]:
+    """Expired leases go back to the queue; a trial whose lease expired twice is
+    recorded as failed (error 8) instead. Returns (trials requeued, trials given up)."""
+    now = time.time() if now is None else now
+    requeued, failed = expire(session, list(session.scalars(select(TrialRow).where(
+        TrialRow.status == "leased", TrialRow.lease_deadline < now).with_for_update())))
+    return requeued, len(failed)
+
+
+def workers_alive(session: Session, lease_s: float) -> int:
+    """Workers that serve (:func:`alive_clause` with the server's lease ``lease_s``)."""
+    return session.scalar(select(func.count()).select_from(WorkerRow)
+                          .where(alive_clause(time.time(), lease_s))) or 0

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import case, func, select
+from sqlalchemy import ColumnElement, and_, case, func, select
 from sqlalchemy.orm import Session
 
 from schemas import Target
@@ -31,6 +31,15 @@ class WorkerStats:
     trials_done: int  # trials it has recorded (a trial that lost 2 workers counts, error 8)
 
 
+def alive_clause(now: float, lease_s: float) -> ColumnElement[bool]:
+    """The one rule for a live worker, in SQL: not deregistered, and seen (a lease,
+    heartbeat or report) within the server's lease ``lease_s`` of ``now``. A busy worker
+    beats at a third of the lease and an idle one long-polls every few seconds, so a
+    worker past it is lost. The worker list, a job's "waiting for a worker" and /metrics
+    all count by it."""
+    return and_(WorkerRow.stopped_at.is_(None), WorkerRow.last_seen >= now - lease_s)
+
+
 def _device(worker: WorkerRow) -> str:
     if worker.device:
         return worker.device
@@ -40,12 +49,11 @@ def _device(worker: WorkerRow) -> str:
         return "unknown"
 
 
-def list_workers(session: Session, alive_within_s: float, now: float | None = None
+def list_workers(session: Session, lease_s: float, now: float | None = None
                  ) -> list[WorkerStats]:
-    """Every registered worker, the newest row first.
+    """Every registered worker, the newest row first; ``alive`` by :func:`alive_clause`
+    with the server's lease ``lease_s``.
 
-    ``alive``: not deregistered and seen within ``alive_within_s`` (the server's lease:
-    a busy worker beats at a third of it, an idle one long-polls every few seconds).
     Counts come from two GROUP BY queries: done trials through ``ix_trials_worker``, the
     last 10 minutes' results through ``ix_records_created_at``, so neither reads the
     whole records table."""
@@ -64,12 +72,13 @@ def list_workers(session: Session, alive_within_s: float, now: float | None = No
         .where(RecordRow.created_at >= cutoff)
         .group_by(by_worker))}
     out = []
-    for worker in session.scalars(select(WorkerRow).order_by(WorkerRow.id.desc())):
+    for worker, alive in session.execute(
+            select(WorkerRow, alive_clause(now, lease_s)).order_by(WorkerRow.id.desc())):
         n, failed = recent.get(worker.id, (0, 0))
         out.append(WorkerStats(
             id=worker.id, name=worker.name, target=worker.target, device=_device(worker),
             last_heartbeat=worker.last_seen,
-            alive=worker.stopped_at is None and worker.last_seen >= now - alive_within_s,
+            alive=bool(alive),
             stopped=worker.stopped_at is not None,
             trials_per_minute=n / (WINDOW_S / 60), error_rate=failed / n if n else None,
             trials_done=int(done.get(worker.id, 0))))

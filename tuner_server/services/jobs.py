@@ -18,14 +18,13 @@ from schemas.measure import FAILED_COST
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import queue_matches, queue_name
 from tuner_server.search import DEFAULT_TUNER, TUNERS
+from tuner_server.services.fleet import alive_clause
 from tuner_server.services.records import workload_flops
 
 log = logging.getLogger("tuner.jobs")
 
 FINAL = ("done", "cancelled", "failed")
 ACTIVE = ("queued", "running")
-# The server's default lease: a worker seen within it is alive (Settings.lease_seconds).
-DEFAULT_LEASE_S = 120.0
 
 
 class JobError(ValueError):
@@ -64,10 +63,11 @@ def submit(session: Session, spec: JobSpec) -> int:
     return job.id
 
 
-def cancel(session: Session, job_id: int) -> bool:
+def cancel(session: Session, job_id: int) -> str | None:
+    """Cancel a job that has not ended; returns its status after (None: no such job)."""
     job = session.get(JobRow, job_id)
     if job is None:
-        return False
+        return None
     if job.status not in FINAL:
         job.status = "cancelled"
         task_ids = select(TaskRow.id).where(TaskRow.job_id == job_id)
@@ -75,7 +75,7 @@ def cancel(session: Session, job_id: int) -> bool:
                                               TaskRow.status.not_in(FINAL))
                         .values(status="cancelled"))
         withdraw_queued(session, task_ids)
-    return True
+    return job.status
 
 
 def withdraw_queued(session: Session, task_ids: Any) -> None:
@@ -117,12 +117,11 @@ def all_failed(counts: dict[int, int]) -> str | None:
 
 
 def served_queues(session: Session, lease_s: float, now: float) -> set[str]:
-    """Queues some live worker serves: seen within the lease and not deregistered. A
-    worker whose stored target does not parse serves nothing."""
+    """Queues some live worker (:func:`alive_clause`) serves. A worker whose stored
+    target does not parse serves nothing."""
     served: set[str] = set()
     for worker_id, target in session.execute(
-            select(WorkerRow.id, WorkerRow.target)
-            .where(WorkerRow.last_seen >= now - lease_s, WorkerRow.stopped_at.is_(None))):
+            select(WorkerRow.id, WorkerRow.target).where(alive_clause(now, lease_s))):
         try:
             served.update(queue_matches(Target.parse(target)))
         except ValueError:
@@ -258,8 +257,8 @@ def _describe_many(session: Session, jobs: Sequence[JobRow],
             for j in jobs]
 
 
-def describe(session: Session, job_id: int, with_curves: bool = True,
-             lease_s: float = DEFAULT_LEASE_S) -> dict[str, Any] | None:
+def describe(session: Session, job_id: int, with_curves: bool = True, *, lease_s: float
+             ) -> dict[str, Any] | None:
     """A job, its tasks (with their tuning curves) and whether it waits for a worker:
     ``lease_s`` is the server's lease, within which a worker counts as alive."""
     job = session.get(JobRow, job_id)
@@ -275,8 +274,8 @@ def describe(session: Session, job_id: int, with_curves: bool = True,
     return item
 
 
-def list_jobs(session: Session, limit: int = 100, offset: int = 0,
-              lease_s: float = DEFAULT_LEASE_S) -> list[dict[str, Any]]:
+def list_jobs(session: Session, limit: int = 100, offset: int = 0, *,
+              lease_s: float) -> list[dict[str, Any]]:
     jobs = session.scalars(select(JobRow).order_by(JobRow.id.desc())
                            .limit(limit).offset(offset)).all()
     return _describe_many(session, jobs, lease_s)

@@ -48,7 +48,7 @@ class Metrics:
              self.trials_recorded),
             ("tuner_lease_expiries_total", "counter", "leases that expired and were requeued",
              self.lease_expiries),
-            ("tuner_workers_alive", "gauge", "workers seen in the last 60 s", workers_alive),
+            ("tuner_workers_alive", "gauge", "workers alive: not deregistered, seen within the lease", workers_alive),
             ("tuner_records", "gauge", "records in the database", records),
         ]
         out = []

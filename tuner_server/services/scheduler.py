@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from compiler.templates import get_template
 from schemas import Config, DeviceLimits, MeasureResult, Record, Target, Workload
+from schemas.text import first_problem
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import DispatchQueue, queue_matches, queue_name
 from tuner_server.search import TUNERS, Tuner, make_tuner
@@ -143,9 +144,7 @@ def _stopped_early(task: TaskRow, job: JobRow) -> bool:
 def _reason(err: Exception) -> str:
     """One bounded line saying why planning failed: what a task's ``error`` stores."""
     if isinstance(err, ValidationError):
-        said = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"]
-            for e in err.errors()[:3]).replace("Value error, ", "")
+        said = first_problem(err)
     elif type(err) is KeyError and err.args:
         said = f"missing key {err.args[0]!r}"
     elif isinstance(err, (KeyError, ValueError)):
@@ -312,7 +311,7 @@ def _plan_job(session: Session, job_id: int, fleet: list[tuple[list[str], Device
                 TaskRow.job_id == job_id, TaskRow.status.in_(ACTIVE)).order_by(TaskRow.id)))
     except OUTAGE:
         raise
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a row that cannot be read fails its job only
         return _fail_job(session, job_id, f"job {job_id} cannot be read: {_reason(err)}")
     try:
         target = Target.parse(job.target)
@@ -343,7 +342,7 @@ def _plan_job(session: Session, job_id: int, fleet: list[tuple[list[str], Device
             session.flush()
     except OUTAGE:
         raise
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - logged with its traceback; next pass again
         state.warn(f"settle {job_id}", "job %s: settling its status failed (%s); "
                    "retried next pass", job_id, _reason(err), exc_info=True)
     return new
@@ -357,7 +356,7 @@ def _reclaim(session: Session, state: SearchState) -> tuple[list[TrialRow], int]
             session.flush()
     except OUTAGE:
         raise
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - logged with its traceback; planning goes on
         state.warn("reclaim", "reclaiming expired leases failed (%s); planning goes on",
                    _reason(err), exc_info=True)
         return [], 0
@@ -436,7 +435,7 @@ class Scheduler:
             return
         try:
             notify(trials)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - a hint: the resync queues them later
             self.search.warn(what, "%s failed (%s); the resync queues them later",
                              what, _reason(err))
 
@@ -444,7 +443,7 @@ class Scheduler:
         try:
             with self._sessions.begin() as session:
                 return self._queue.resync(session, now) if _leader(session) else 0
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - Redis or the database down: next time
             self.search.warn("resync", "queue resync failed (%s); retried in %g s",
                              _reason(err), RESYNC_EVERY_S)
             return 0
