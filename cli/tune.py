@@ -53,6 +53,7 @@ def local_device(target: Target, spec: str | None) -> DeviceInfo:
     """The local device that serves ``target`` (``spec`` if given), by the server's own
     rule for which worker gets which trial; else one line saying what there is."""
     from compiler.runtime import list_devices
+    from compiler.runtime.device import preferred_device
     from tuner_server.queue import queue_matches
     from tuner_server.queue.base import queue_name
 
@@ -78,7 +79,7 @@ def local_device(target: Target, spec: str | None) -> DeviceInfo:
     if not serving:
         fail(f"no local device serves {str(target)!r}; local devices: {have}; use --server "
              f"to tune on a fleet", code=1)
-    return serving[0]
+    return preferred_device(serving) or serving[0]  # a GPU first, as `tuner worker` picks
 
 
 def tokens_file(database_url: str) -> Path:

@@ -12,6 +12,20 @@ from workers.agent import ServerRefused, WorkerAgent
 MAX_NAME = 128  # workers.name
 
 
+def default_device() -> str | None:
+    """The spec a worker with no --device serves: a GPU before a CPU (open_device alone
+    would take the first OpenCL device, PoCL's CPU on an NVIDIA machine); None where no
+    device lists, so opening it reports why."""
+    from compiler.runtime import list_devices
+    from compiler.runtime.device import preferred_device
+
+    try:
+        chosen = preferred_device(list_devices())
+    except Exception:  # noqa: BLE001 - a broken driver: let opening the device say so
+        return None
+    return chosen.spec if chosen is not None else None
+
+
 def worker(
     server: str = typer.Option(..., "--server", envvar="TUNER_SERVER", help="server URL"),
     token: str = typer.Option(..., "--token", envvar="TUNER_TOKEN", help="a worker token"),
@@ -26,6 +40,8 @@ def worker(
     if name is not None and not (0 < len(name) <= MAX_NAME and name.isprintable()):
         fail(f"--name: a worker name has 1 to {MAX_NAME} printable characters")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if device is None:
+        device = default_device()
     agent = WorkerAgent(server, token, device, name, batch)
     agent.stop_on_signals()
     try:

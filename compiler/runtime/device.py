@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,21 @@ class DeviceInfo:
             "target": str(self.target),
             "limits": self.limits.model_dump(),
         }
+
+
+def is_cpu(info: DeviceInfo) -> bool:
+    """An OpenCL CPU device (PoCL and other CPU drivers get an ``-model=...-cpu`` target)."""
+    return info.target.kind == "opencl" and info.target.model.endswith("-cpu")
+
+
+def preferred_device(devices: Sequence[DeviceInfo]) -> DeviceInfo | None:
+    """The device a worker serves when none is named: a CUDA GPU, else another GPU
+    (OpenCL, ROCm), else a CPU, each in listing order; None when there is none. A GPU
+    machine with PoCL installed must not lend its trials to the CPU."""
+    def rank(info: DeviceInfo) -> int:
+        return 0 if info.target.kind == "cuda" else (2 if is_cpu(info) else 1)
+
+    return min(devices, key=rank, default=None)
 
 
 @dataclass(frozen=True)
