@@ -7,11 +7,20 @@ the measuring child registers them too.
 - ``broken_compile.test``: kernel C that does not compile   -> error 3 COMPILE_DEVICE
 - ``broken_wrong.test``:   kernel that adds 1 to every output -> error 5 WRONG_ANSWER
 - ``broken_hang.test``:    kernel that never terminates       -> error 7 RUN_TIMEOUT
+- ``broken_fault.test``:   kernel that stores 4 TiB past its output (crashes PoCL's
+  process, an illegal address on CUDA)                          -> error 4 RUNTIME_DEVICE
+- ``broken_launch.test``:  a launch the device refuses (work-group far over its limit,
+  a CL/CUDA error at enqueue)                                   -> error 4 RUNTIME_DEVICE
+- ``broken_skip.test``:    kernel that never writes its output  -> error 5 WRONG_ANSWER
+- ``broken_compiler.test``: codegen that runs a "compiler" process (``sleep``) and waits
+  for it, writing its pid to the file named by $BROKEN_COMPILER_PIDFILE -> error 6
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 from abc import abstractmethod
 from typing import Any
 
@@ -84,9 +93,57 @@ class BrokenHang(_Mutated):
         return source.replace("  float acc = 0.0f;", spin, 1)
 
 
+class BrokenFault(_Mutated):
+    """Every work-item stores far outside any buffer (an unmapped address)."""
+
+    name = "broken_fault.test"
+
+    def mutate(self, source: str) -> str:
+        return source.replace("  float acc = 0.0f;",
+                              "  float acc = 0.0f;\n  out[0x40000000000L] = 1.0f;", 1)
+
+
+class BrokenSkip(_Mutated):
+    """Computes the result but never stores it: the output keeps what it held before."""
+
+    name = "broken_skip.test"
+
+    def mutate(self, source: str) -> str:
+        return source.replace("out[o] = ", "acc = ", 1)
+
+
+class BrokenLaunch(DenseSmallBatch):
+    """A correct kernel launched with a work-group of 2**20 items, which no device takes."""
+
+    name = "broken_launch.test"
+
+    def _codegen(self, op: DenseOp, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel:
+        kernel = super()._codegen(op, knobs, epilogue)
+        return dataclasses.replace(kernel, block=(1 << 20, 1, 1))
+
+
+class BrokenCompiler(DenseSmallBatch):
+    """Stands for a device compiler run as a process that never finishes (nvcc stuck)."""
+
+    name = "broken_compiler.test"
+    PIDFILE_ENV = "BROKEN_COMPILER_PIDFILE"
+
+    def _codegen(self, op: DenseOp, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel:
+        compiler = subprocess.Popen(["sleep", "300"])
+        with open(os.environ[self.PIDFILE_ENV], "w") as f:
+            f.write(str(compiler.pid))
+        compiler.wait()
+        return super()._codegen(op, knobs, epilogue)
+
+
 BROKEN_COMPILE = BrokenCompile()
 BROKEN_WRONG = BrokenWrong()
 BROKEN_HANG = BrokenHang()
+BROKEN_FAULT = BrokenFault()
+BROKEN_SKIP = BrokenSkip()
+BROKEN_LAUNCH = BrokenLaunch()
+BROKEN_COMPILER = BrokenCompiler()
 
-for _template in (BROKEN_COMPILE, BROKEN_WRONG, BROKEN_HANG):
+for _template in (BROKEN_COMPILE, BROKEN_WRONG, BROKEN_HANG, BROKEN_FAULT, BROKEN_SKIP,
+                  BROKEN_LAUNCH, BROKEN_COMPILER):
     register_template(_template)

@@ -86,24 +86,46 @@ class CUDADevice(Device):
                                                   options=["-O3"])
             except CompileError as err:
                 raise BuildError(str(err)) from None
+            except self._drv.Error as err:  # cuModuleLoad: out of memory, a dead context
+                raise DeviceRuntimeError(f"loading the module: {err}") from None
         return self._modules[key]
 
+    def unload(self) -> None:
+        """Drop every compiled module (pycuda unloads one when its last reference goes):
+        a trial never runs on another's module."""
+        self._modules.clear()
+
     def _function(self, module: Any, entry: str) -> Any:
-        return module.get_function(entry)
+        try:
+            return module.get_function(entry)
+        except self._drv.Error as err:
+            raise DeviceRuntimeError(f"kernel {entry}: {err}") from None
 
     def upload(self, array: np.ndarray) -> Any:
-        return self._drv.to_device(np.ascontiguousarray(array))
+        try:
+            return self._drv.to_device(np.ascontiguousarray(array))
+        except self._drv.Error as err:
+            raise DeviceRuntimeError(f"upload of {array.nbytes} bytes: {err}") from None
 
     def alloc_bytes(self, nbytes: int) -> Any:
-        return self._drv.mem_alloc(max(nbytes, 4))
+        try:
+            return self._drv.mem_alloc(max(nbytes, 4))
+        except self._drv.Error as err:  # out of memory included
+            raise DeviceRuntimeError(f"allocation of {nbytes} bytes: {err}") from None
 
     def write(self, buffer: Any, array: np.ndarray) -> None:
-        self._drv.memcpy_htod(buffer, np.ascontiguousarray(array))
+        try:
+            self._drv.memcpy_htod(buffer, np.ascontiguousarray(array))
+        except self._drv.Error as err:
+            raise DeviceRuntimeError(f"copy to the device: {err}") from None
 
     def download(self, buffer: Any, shape: tuple[int, ...],
                  dtype: str = "float32") -> np.ndarray:
         out = np.empty(shape, dtype=dtype)
-        self._drv.memcpy_dtoh(out, buffer)
+        try:
+            self._drv.memcpy_dtoh(out, buffer)
+        except self._drv.Error as err:
+            raise DeviceRuntimeError(f"copy from the device: {err}") from None
         return out
 
     def _enqueue(self, function: Any, grid: tuple[int, int, int],

@@ -2,7 +2,11 @@
 one trial (AutoTVM errors 6, 7 or 4), never the caller.
 
 The child opens its device once and serves trials over a pipe until it is killed; a
-trial past its deadline kills it and the next trial starts a fresh one.
+trial past its deadline, or one that ends in a device error (error 4: a CUDA context
+after an illegal address is dead, an OpenCL queue after a CL error may be), kills it and
+the next trial starts a fresh one. The child leads its own process group, and killing it
+kills the group: a device compiler it runs (pycuda runs nvcc and ptxas as processes)
+dies with it on a build timeout instead of running on.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ class IsolatedMeasurer:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "compiler.runtime.isolate", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], env=env,
+            pass_fds=[theirs.fileno()], env=env, process_group=0,
         )
         theirs.close()
         self._conn = Connection(ours.detach())
@@ -118,8 +122,10 @@ class IsolatedMeasurer:
                     all_cost=time.time() - start)
             if kind == "stage":
                 stage = payload
-            else:
-                return payload  # type: ignore[no-any-return]
+                continue
+            if payload.error_no == MeasureErrorNo.RUNTIME_DEVICE:
+                self.close()  # the device may be unusable: the next trial gets a fresh child
+            return payload  # type: ignore[no-any-return]
 
     def _send(self, request: MeasureRequest) -> Connection | None:
         """Hand ``request`` to the child, starting a fresh one if the last one died
@@ -144,12 +150,21 @@ class IsolatedMeasurer:
         except subprocess.TimeoutExpired:
             return None
 
+    @property
+    def pid(self) -> int | None:
+        """The running child's process id (None before it starts and after it is killed)."""
+        return self._proc.pid if self._proc is not None else None
+
     def close(self) -> None:
-        """Kill the child; safe to call from another thread while one is measuring."""
+        """Kill the child and its process group (a compiler it started included); safe
+        to call from another thread while one is measuring."""
         proc, conn = self._proc, self._conn
         self._proc, self._conn = None, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
+        if proc is not None:
+            try:  # the group outlives its leader: kill it even when the child has exited
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait(5)
         if conn is not None:
             conn.close()
@@ -162,8 +177,8 @@ class IsolatedMeasurer:
 
 
 def _main() -> None:
-    # Ctrl-C in a terminal reaches the whole process group: the parent decides what
-    # happens to the trial in hand (finish it, or kill this child), not a traceback here.
+    # The parent decides what happens to the trial in hand on Ctrl-C (finish it, or kill
+    # this child), not a traceback here, even where a SIGINT reaches this group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(int(sys.argv[1]))
     device_spec, target, extra_modules = conn.recv()

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -71,22 +72,55 @@ def task_operands(template_name: str, workload: Workload, epilogue: Epilogue,
     return arrays, lru_cache(maxsize=1)(lambda: template.reference(workload, arrays, epilogue))
 
 
+@runtime_checkable
+class _Unloads(Protocol):
+    """A backend that keeps compiled modules and can drop them (OpenCL, CUDA)."""
+
+    def unload(self) -> None: ...
+
+
+def _fill_value(dtype: np.dtype[Any]) -> float | int:
+    """What an output holds before the kernel runs: NaN, or for integers the value
+    furthest from any real result, so an output the kernel skips never passes the check."""
+    if np.issubdtype(dtype, np.floating):
+        return float("nan")
+    info = np.iinfo(dtype)
+    return int(info.min) if info.min < 0 else int(info.max)
+
+
 def measure(device: Device, request: MeasureRequest,
             on_stage: Callable[[str], None] | None = None) -> MeasureResult:
-    """Run one trial on ``device``; every failure becomes a result, never an exception."""
+    """Run one trial on ``device``; every failure becomes a result, never an exception.
+
+    Modules built for the trial are dropped after it (when the backend keeps them), so
+    no trial runs on the state of another.
+    """
+    try:
+        return _measure(device, request, on_stage or (lambda _s: None))
+    finally:
+        if isinstance(device, _Unloads):
+            try:
+                device.unload()
+            except Exception:  # noqa: BLE001 - a dead context: the child is replaced anyway
+                pass
+
+
+def _measure(device: Device, request: MeasureRequest,
+             stage: Callable[[str], None]) -> MeasureResult:
     start = time.time()
 
     def fail(error_no: MeasureErrorNo, msg: str) -> MeasureResult:
         return MeasureResult.failure(error_no, msg, all_cost=time.time() - start)
 
-    stage = on_stage or (lambda _s: None)
     opts = request.options
     try:
         template: Template = get_template(request.template)
         template.decode(request.workload, request.config)
+        problems = template.check_limits(request.workload, request.config, device.limits)
     except (KeyError, WorkloadError, ConfigError) as err:
         return fail(MeasureErrorNo.INSTANTIATION_ERROR, f"not a config of this space: {err}")
-    problems = template.check_limits(request.workload, request.config, device.limits)
+    except Exception as err:  # noqa: BLE001 - a template bug fails this config alone
+        return fail(MeasureErrorNo.INSTANTIATION_ERROR, _describe(err))
     if problems:
         return fail(MeasureErrorNo.INSTANTIATION_ERROR,
                     f"config does not fit {device.info.name}: " + "; ".join(problems))
@@ -95,6 +129,8 @@ def measure(device: Device, request: MeasureRequest,
                                   request.epilogue)
     except (WorkloadError, ConfigError) as err:
         return fail(MeasureErrorNo.INSTANTIATION_ERROR, str(err))
+    except Exception as err:  # noqa: BLE001
+        return fail(MeasureErrorNo.INSTANTIATION_ERROR, _describe(err))
     stage("build")
     try:
         program = device.build(kernel)
@@ -102,14 +138,19 @@ def measure(device: Device, request: MeasureRequest,
         return fail(MeasureErrorNo.COMPILE_DEVICE, f"device compiler failed: {err}")
     except DeviceRuntimeError as err:  # a multi-stage kernel's scratch did not fit
         return fail(MeasureErrorNo.RUNTIME_DEVICE, str(err))
+    except Exception as err:  # noqa: BLE001 - module load or kernel lookup in the backend
+        return fail(MeasureErrorNo.RUNTIME_DEVICE, f"loading the kernel failed: "
+                    f"{_describe(err)}")
     stage("run")
-    arrays, reference = task_operands(request.template, request.workload, request.epilogue,
-                                  request.seed)
     out = kernel.buffers[-1]
     try:
+        arrays, reference = task_operands(request.template, request.workload,
+                                          request.epilogue, request.seed)
         buffers = [device.upload(a) for a in template.kernel_inputs(request.workload,
                                                                     request.config, arrays)]
         out_buf = device.alloc(out.shape, out.dtype)
+        dtype = np.dtype(out.dtype)
+        device.write(out_buf, np.full(out.shape, _fill_value(dtype), dtype=dtype))
         buffers.append(out_buf)
         device.run(program, kernel, buffers)
         if opts.check_correctness:
@@ -124,7 +165,15 @@ def measure(device: Device, request: MeasureRequest,
         costs = [device.time(program, kernel, buffers, number) for _ in range(opts.repeat)]
     except DeviceRuntimeError as err:
         return fail(MeasureErrorNo.RUNTIME_DEVICE, f"kernel failed on the device: {err}")
+    except Exception as err:  # noqa: BLE001 - allocation (out of memory), copies, launch
+        return fail(MeasureErrorNo.RUNTIME_DEVICE, f"kernel failed on the device: "
+                    f"{_describe(err)}")
     if len(costs) > 2:  # as AutoTVM: drop the fastest and slowest repeat
         costs = sorted(costs)[1:-1]
     return MeasureResult(costs=tuple(costs), error_no=MeasureErrorNo.NO_ERROR,
                          all_cost=time.time() - start)
+
+
+def _describe(err: BaseException) -> str:
+    """The exception's type and message: backend errors often say little without it."""
+    return f"{type(err).__name__}: {err}"

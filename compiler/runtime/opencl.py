@@ -150,34 +150,56 @@ class OpenCLDevice(Device):
             try:
                 self._programs[key] = _build(cl, self.ctx, source)
             except cl.Error as err:
-                raise BuildError(str(err)) from None
+                if _is_compile_error(cl, err):
+                    raise BuildError(str(err)) from None
+                raise DeviceRuntimeError(f"loading the program: {err}") from None
         return self._programs[key]
+
+    def unload(self) -> None:
+        """Drop every built program and kernel: a trial never runs on another's module."""
+        self._programs.clear()
+        self._functions.clear()
 
     def _function(self, module: Any, entry: str) -> Any:
         # pyopencl makes a new kernel object per attribute access: keep one per entry
         key = (id(module), entry)
         if key not in self._functions:
-            self._functions[key] = getattr(module, entry)
+            try:
+                self._functions[key] = getattr(module, entry)
+            except (_cl().Error, AttributeError) as err:
+                raise DeviceRuntimeError(f"kernel {entry}: {err}") from None
         return self._functions[key]
 
     def upload(self, array: np.ndarray) -> Any:
         cl = _cl()
         flags = cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR
-        return cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(array))
+        try:
+            return cl.Buffer(self.ctx, flags, hostbuf=np.ascontiguousarray(array))
+        except cl.Error as err:
+            raise DeviceRuntimeError(f"upload of {array.nbytes} bytes: {err}") from None
 
     def alloc_bytes(self, nbytes: int) -> Any:
         cl = _cl()
-        return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size=max(nbytes, 4))
+        try:
+            return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size=max(nbytes, 4))
+        except cl.Error as err:  # out of memory included
+            raise DeviceRuntimeError(f"allocation of {nbytes} bytes: {err}") from None
 
     def write(self, buffer: Any, array: np.ndarray) -> None:
         cl = _cl()
-        cl.enqueue_copy(self.queue, buffer, np.ascontiguousarray(array), is_blocking=True)
+        try:
+            cl.enqueue_copy(self.queue, buffer, np.ascontiguousarray(array), is_blocking=True)
+        except cl.Error as err:
+            raise DeviceRuntimeError(f"copy to the device: {err}") from None
 
     def download(self, buffer: Any, shape: tuple[int, ...],
                  dtype: str = "float32") -> np.ndarray:
         cl = _cl()
         out = np.empty(shape, dtype=dtype)
-        cl.enqueue_copy(self.queue, out, buffer)
+        try:
+            cl.enqueue_copy(self.queue, out, buffer)
+        except cl.Error as err:
+            raise DeviceRuntimeError(f"copy from the device: {err}") from None
         return out
 
     def _enqueue(self, function: Any, grid: tuple[int, int, int],
@@ -204,6 +226,16 @@ class OpenCLDevice(Device):
         except cl.Error as err:
             raise DeviceRuntimeError(str(err)) from None
         return (last.profile.end - first.profile.start) * 1e-9
+
+
+def _is_compile_error(cl: Any, err: Any) -> bool:
+    """Whether a CL error at build time is the compiler rejecting the source (error 3),
+    not the runtime running out of something (error 4)."""
+    codes = cl.status_code
+    return getattr(err, "code", None) in (codes.BUILD_PROGRAM_FAILURE,
+                                          codes.INVALID_BUILD_OPTIONS,
+                                          codes.COMPILER_NOT_AVAILABLE,
+                                          codes.INVALID_PROGRAM)
 
 
 def _build(cl: Any, ctx: Any, source: str) -> Any:
