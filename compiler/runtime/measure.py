@@ -116,7 +116,8 @@ def _measure(device: Device, request: MeasureRequest,
     try:
         template: Template = get_template(request.template)
         template.decode(request.workload, request.config)
-        problems = template.check_limits(request.workload, request.config, device.limits)
+        problems = template.check_limits(request.workload, request.config, device.limits,
+                                         device.dialect)
     except (KeyError, WorkloadError, ConfigError) as err:
         return fail(MeasureErrorNo.INSTANTIATION_ERROR, f"not a config of this space: {err}")
     except Exception as err:  # noqa: BLE001 - a template bug fails this config alone

@@ -321,20 +321,22 @@ class Template(ABC):
         row per config, as ``ConfigSpace.columns`` gives them)."""
 
     def valid_mask(self, workload: Workload, indices: np.ndarray,
-                   limits: DeviceLimits) -> np.ndarray:
+                   limits: DeviceLimits, dialect: str | None = None) -> np.ndarray:
         """bool [n]: which configs (indices of ``space(workload)``) fit ``limits``; True
         exactly where ``check_limits`` finds no problem. Lets a search filter in bulk."""
         op = self.parse(workload)
         indices = np.asarray(indices, dtype=np.int64)
         usage = self._usage(op, self._knobs(workload, indices))
         ok = np.ones(indices.shape[0], dtype=bool)
-        for fits, _ in self._limit_checks(usage, limits, indices.shape[0]):
+        for fits, _ in self._limit_checks(usage, limits, indices.shape[0], dialect):
             ok &= fits
         return ok
 
-    def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits) -> list[str]:
+    def check_limits(self, workload: Workload, config: Config, limits: DeviceLimits,
+                     dialect: str | None = None) -> list[str]:
         """Why this config cannot run on a device with ``limits`` (empty: it can); the
-        same rules as ``valid_mask``, on one row."""
+        same rules as ``valid_mask``, on one row. ``dialect`` picks the grid limits
+        (``GRID_LIMITS``); None checks the strictest, CUDA's, as the dialect is unknown."""
         try:
             values = self.decode(workload, config)
         except ConfigError as err:
@@ -342,10 +344,11 @@ class Template(ABC):
         space = self.space(workload)
         row = np.array([space.index_of(values)], dtype=np.int64)
         usage = self._usage(self.parse(workload), self._knobs(workload, row))
-        return [message(0) for fits, message in self._limit_checks(usage, limits, 1)
+        return [message(0) for fits, message in self._limit_checks(usage, limits, 1, dialect)
                 if not fits[0]]
 
-    def _limit_checks(self, usage: Usage, limits: DeviceLimits, n: int
+    def _limit_checks(self, usage: Usage, limits: DeviceLimits, n: int,
+                      dialect: str | None = None
                       ) -> list[tuple[np.ndarray, Callable[[int], str]]]:
         """Every comparison of ``n`` configs' usage against the limits, written once for
         all templates: (fits, bool [n]; the message for row i), template rules first."""
@@ -377,6 +380,13 @@ class Template(ABC):
                     f"{limits.max_local_elements}")
 
         over(usage.local_elements, limits.max_local_elements, accumulators)
+
+        caps = GRID_LIMITS[dialect or "cuda"]
+        if usage.grid is not None and caps is not None:
+            for axis, value, cap in zip("xyz", usage.grid, caps):
+                over(value, cap, lambda i, axis=axis, value=value, cap=cap:
+                     f"{_at(value, i)} {group}s in grid {axis} > {cap} "
+                     f"(CUDA's gridDim.{axis} limit)")
         return checks
 
     # ---- cost-model features: one vectorised definition per template ----
@@ -452,7 +462,7 @@ class Template(ABC):
             kernel = self._codegen(op, knobs, epilogue, io=io)  # type: ignore[call-arg]
         else:
             kernel = self._codegen(op, knobs, epilogue)
-        return dataclasses.replace(kernel, source=with_prelude(kernel.source, dialect),
+        return dataclasses.replace(kernel, source=with_prelude(_launch_bounds(kernel), dialect),
                                    dialect=dialect)
 
     def decode(self, workload: Workload, config: Config) -> dict[str, Any]:
@@ -541,6 +551,35 @@ class Usage:
     local_elements: Any = None
     local_detail: tuple[tuple[Any, str], ...] = ()
     rules: tuple[Rule, ...] = ()
+    # blocks of the launch in x, y, z (the tuned one; other stages of a multi-stage
+    # kernel launch in x alone, within every limit)
+    grid: tuple[Any, Any, Any] | None = None
+
+
+# Blocks per grid axis (x, y, z) a launch may have, by dialect: CUDA's gridDim limits
+# (compute capability 3.0 and later); OpenCL bounds only the global size by size_t, so
+# nothing is checked there.
+GRID_LIMITS: dict[str, tuple[int, int, int] | None] = {
+    "cuda": (2**31 - 1, 65535, 65535),
+    "opencl": None,
+}
+
+
+def _launch_bounds(kernel: Kernel) -> str:
+    """``kernel``'s source with ``LAUNCH_BOUNDS(threads)`` on each entry. In CUDA it is
+    ``__launch_bounds__``: ptxas then keeps registers within what a block of that many
+    threads can have, so a config that fits the thread limits also launches instead of
+    failing with "too many resources requested". OpenCL's prelude defines it empty, so
+    both dialects keep one kernel body."""
+    source = kernel.source
+    launches = [(s.entry, s.block) for s in kernel.stages] or [(kernel.entry, kernel.block)]
+    for entry, block in launches:
+        head = f"KERNEL void {entry}("
+        if source.count(head) != 1:
+            raise ValueError(f"kernel {entry!r}: expected one declaration to bound")
+        threads = int(np.prod(block))
+        source = source.replace(head, f"KERNEL void LAUNCH_BOUNDS({threads}) {entry}(")
+    return source
 
 
 def _at(value: Any, i: int) -> int:

@@ -74,7 +74,7 @@ class Conv2dNCHW(Template):
         return direct_default(self.space(workload), self.parse(workload), 8)
 
     def _usage(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> Usage:
-        return _Tiles(op, knobs).usage()
+        return _Tiles(op, knobs).usage(op)
 
     def _feature_columns(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
         t = _Tiles(op, knobs)
@@ -196,10 +196,14 @@ class SpatialTiles:
 
     # ---- limits and features ----
 
-    def usage(self) -> Usage:
+    def usage(self, op: Any) -> Usage:
         return Usage(threads=self.threads, threads_x=self.tx, threads_y=self.ty,
                      threads_z=self.tf, shared_bytes=self.shared_bytes,
-                     local_elements=self.acc_size)
+                     local_elements=self.acc_size, grid=self.grid(op))
+
+    def grid(self, op: Any) -> tuple[Any, Any, Any]:
+        # batch and channel blocks share z: at batch 128 they pass CUDA's 65,535
+        return (self.bx, self.by, op.n * self.bf)
 
     def blocks(self, op: Any) -> Any:
         return op.n * self.bf * self.by * self.bx
@@ -286,7 +290,7 @@ class SpatialTiles:
         return Kernel(
             source="\n".join(body) + "\n",
             entry=entry,
-            grid=(self.bx, self.by, op.n * self.bf),
+            grid=self.grid(op),
             block=(self.tx, self.ty, self.tf),
             buffers=buffers,
             dialect="",

@@ -161,7 +161,7 @@ class Conv2dNCHWInt8(Template):
     # ---- device limits and features ----
 
     def _usage(self, op: Conv2dInt8Op, knobs: dict[str, np.ndarray]) -> Usage:
-        return _Tiles(op, knobs).usage()
+        return _Tiles(op, knobs).usage(op)
 
     def _feature_columns(self, op: Conv2dInt8Op, knobs: dict[str, np.ndarray]
                          ) -> dict[str, Any]:

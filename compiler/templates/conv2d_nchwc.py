@@ -173,7 +173,7 @@ class Conv2dNCHWc(Template):
         p = _Plan(op, knobs)
         return Usage(threads=p.wg, threads_x=p.wg, local_elements=p.acc,
                      local_detail=((p.oh_f, "rows"), (p.reg_n, ""), (p.oc_bn, "channels")),
-                     rules=(_vec_rule(p),))
+                     rules=(_vec_rule(p),), grid=(p.groups_x, p.ohb, op.n * p.kb))
 
     def _feature_columns(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
         p = _Plan(op, knobs)

@@ -305,7 +305,8 @@ class Conv2dWinograd(Template):
         t = _Tiles(op, knobs)
         return Usage(threads=t.threads, threads_x=t.tx, threads_y=t.ty, threads_z=t.tz,
                      shared_bytes=t.shared_bytes, local_elements=t.acc_size,
-                     local_detail=((t.vy * t.yi, "co"), (t.vx * t.xi, "tiles")))
+                     local_detail=((t.vy * t.yi, "co"), (t.vx * t.xi, "tiles")),
+                     grid=(t.bx, t.by, t.bz))
 
     def _feature_columns(self, op: WinogradOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
         t = _Tiles(op, knobs)

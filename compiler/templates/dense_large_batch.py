@@ -79,7 +79,8 @@ class DenseLargeBatch(Template):
     def _usage(self, op: DenseOp, knobs: dict[str, np.ndarray]) -> Usage:
         t = _Tiles(knobs)
         return Usage(threads=t.threads, threads_x=t.tx, threads_y=t.ty,
-                     shared_bytes=t.shared_bytes, local_elements=t.acc_size)
+                     shared_bytes=t.shared_bytes, local_elements=t.acc_size,
+                     grid=(t.bx, t.by, 1))
 
     def _feature_columns(self, op: DenseOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
         t = _Tiles(knobs)

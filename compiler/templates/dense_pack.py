@@ -117,7 +117,8 @@ class DensePack(Template):
 
     def _usage(self, op: DenseOp, knobs: dict[str, np.ndarray]) -> Usage:
         t = _Tiles(knobs)
-        return Usage(threads=t.items, threads_x=t.xo, threads_y=t.yo, local_elements=t.acc)
+        return Usage(threads=t.items, threads_x=t.xo, threads_y=t.yo, local_elements=t.acc,
+                     grid=(t.yt, t.xt, 1))
 
     def _feature_columns(self, op: DenseOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
         t = _Tiles(knobs)

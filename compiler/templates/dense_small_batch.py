@@ -47,8 +47,10 @@ class DenseSmallBatch(Template):
 
     def _usage(self, op: DenseOp, knobs: dict[str, np.ndarray]) -> Usage:
         _, kf = factors(knobs["tile_k"])
-        # kf threads along x, each with one partial sum in local memory
-        return Usage(threads=kf, threads_x=kf, shared_bytes=4 * kf)
+        # kf threads along x, each with one partial sum in local memory; one block per
+        # output, the batch along y (past 65,535 rows CUDA cannot launch it)
+        return Usage(threads=kf, threads_x=kf, shared_bytes=4 * kf,
+                     grid=(op.out_dim, op.batch, 1))
 
     def _feature_columns(self, op: DenseOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
         _, kf = factors(knobs["tile_k"])

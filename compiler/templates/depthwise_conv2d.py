@@ -149,7 +149,7 @@ class DepthwiseConv2dNCHW(Template):
         return space.to_config(values)
 
     def _usage(self, op: DepthwiseConv2dOp, knobs: dict[str, np.ndarray]) -> Usage:
-        return _Tiles(op, knobs).usage()
+        return _Tiles(op, knobs).usage(op)
 
     def _feature_columns(self, op: DepthwiseConv2dOp,
                          knobs: dict[str, np.ndarray]) -> dict[str, Any]:
