@@ -163,7 +163,7 @@ class IsolatedMeasurer:
         if proc is not None:
             try:  # the group outlives its leader: kill it even when the child has exited
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):  # gone (or its id reused)
                 pass
             proc.wait(5)
         if conn is not None:
