@@ -16,10 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from compiler.records.pretuned import TOPHUB_DIR as TOPHUB_LOGS
 from compiler.runtime.device import Device
 from compiler.runtime.isolate import IsolatedMeasurer
 from compiler.runtime.measure import MeasureRequest
-from compiler.templates import ConfigError, Epilogue, Template, WorkloadError, get_template
+from compiler.templates import (
+    ConfigError,
+    Epilogue,
+    Template,
+    WorkloadError,
+    get_template,
+)
 from schemas import Config, DeviceLimits, MeasureResult, Record, Workload
 from schemas.record import read_lines
 
@@ -36,7 +43,7 @@ def nvcc_ptx(source: Path, timeout: float = 600) -> subprocess.CompletedProcess[
                           capture_output=True, text=True, timeout=timeout)
 
 REPO = Path(__file__).resolve().parents[1]
-TOPHUB_DIR = REPO.parent / "shared" / "data" / "tophub"
+TOPHUB_DIR = TOPHUB_LOGS
 
 # A typical GPU's per-block limits, with the register tile capped at 64 accumulators:
 # what the random sweeps of the GPU templates draw their configs under.
@@ -58,14 +65,10 @@ def draw_valid_configs(template: Template, wl: Workload, name: str, count: int,
 
 
 def read_tophub(template: str, logs: Iterable[str]) -> tuple[tuple[str, int, Record], ...]:
-    """(log, line number, record) of every ``template`` record of TopHub's ``logs``;
-    skips the test when a log is missing."""
+    """(log, line number, record) of every ``template`` record of TopHub's ``logs``."""
     out = []
     for log in logs:
-        path = TOPHUB_DIR / log
-        if not path.exists():
-            pytest.skip(f"TopHub log not found at {path} (expected ../shared/data/tophub)")
-        with path.open() as f:
+        with (TOPHUB_DIR / log).open() as f:
             out += [(log, n, rec) for n, rec in read_lines(f)
                     if not isinstance(rec, Exception) and rec.workload.template == template]
     return tuple(out)

@@ -12,12 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from compiler.records.pretuned import TOPHUB_DIR
 from compiler.templates import get_template
 from schemas import Config, MeasureErrorNo, Record, Workload
 from schemas.record import read_lines
 
 runner = CliRunner()
-TOPHUB = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tophub"
+TOPHUB = TOPHUB_DIR
 CUDA_LOG = TOPHUB / "cuda_v0.10.log"
 
 # ResNet-50 stage 2, 3x3 conv: 64 -> 64 channels on 56x56, stride 1, pad 1.

@@ -5,7 +5,6 @@ weights, where a wrong fold, fusion or kernel cannot hide behind constant 0.02 w
 
 from __future__ import annotations
 
-import os
 import re
 from functools import cache
 from pathlib import Path
@@ -104,20 +103,14 @@ def with_logits(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-TOPHUB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
-                      "shared", "data", "tophub")
-
-
 @pytest.mark.slow
 def test_resnet50_with_tophub_records_uses_the_valid_ones_and_stays_correct() -> None:
     """TVM's pretuned opencl (1080ti) and cuda logs as records for a PoCL build: the
     configs valid here are used (as "other device"), the rest fall back, and the
     output still equals onnxruntime's."""
-    from compiler.records import OTHER_DEVICE, open_source
+    from compiler.records import OTHER_DEVICE, TOPHUB_DIR, open_source
 
-    logs = [os.path.join(TOPHUB, name) for name in ("opencl_v0.04.log", "cuda_v0.10.log")]
-    if not all(os.path.isfile(p) for p in logs):
-        pytest.skip(f"TopHub logs not found under {TOPHUB}")
+    logs = [str(TOPHUB_DIR / name) for name in ("opencl_v0.04.log", "cuda_v0.10.log")]
     model = with_random_weights(onnx.load(model_path("resnet50")), seed=11)
     x = np.random.default_rng(2).uniform(0, 1, size=runner_input(model).shape).astype(
         np.float32)

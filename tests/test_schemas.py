@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from compiler.records.pretuned import TOPHUB_DIR
 from compiler.templates import ConfigError, get_template
 from schemas import (
     Config,
@@ -31,7 +31,7 @@ from schemas.measure import (
 from schemas.record import read_lines
 from schemas.text import check_text, first_problem, one_line
 
-TOPHUB = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tophub"
+TOPHUB = TOPHUB_DIR
 TOPHUB_COUNTS = {
     "cuda_v0.10.log": 825,
     "rocm_v0.05.log": 217,
@@ -286,7 +286,6 @@ def test_error_msg_survives_round_trip() -> None:
     assert Record.from_line(record.to_line()) == record
 
 
-@pytest.mark.skipif(not TOPHUB.is_dir(), reason=f"TopHub logs not found at {TOPHUB}")
 @pytest.mark.parametrize("name", sorted(TOPHUB_COUNTS))
 def test_tophub_log_parses_and_round_trips(name: str) -> None:
     """Every record line of a TopHub log reads, and write -> read gives an equal Record."""

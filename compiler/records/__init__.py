@@ -14,6 +14,7 @@ from compiler.records.choose import (
     rank,
 )
 from compiler.records.memory import LogSource, MemorySource, parse_log
+from compiler.records.pretuned import TOPHUB_DIR
 from compiler.records.report import Prediction, TaskEstimate, build_report, predict
 from compiler.records.resolve import open_source
 from compiler.records.server import LogFetch, RecordsServerError, ServerSource
@@ -27,6 +28,7 @@ from compiler.records.source import (
 )
 
 __all__ = [
+    "TOPHUB_DIR",
     "DEFAULT",
     "OTHER_DEVICE",
     "SOURCES",
