@@ -33,9 +33,8 @@ def demo(
     """Measure ResNet-50's first 3x3 conv: the default config and random ones."""
     template = get_template("conv2d_nchw.cuda")
     workload = Workload(template=template.name, args=RESNET50_FIRST_3X3)
-    dev = open_device(device)
-    limits, name, target = dev.limits, dev.info.name, dev.target
-    del dev  # the measuring child opens its own
+    with open_device(device) as dev:  # closed: the measuring child opens its own
+        limits, name, target = dev.limits, dev.info.name, dev.target
     rng = random.Random(seed)
     configs = [("default", template.default_config(workload))]
     configs += [(f"random {i + 1}", template.random_config(workload, rng, limits))

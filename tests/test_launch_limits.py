@@ -10,8 +10,8 @@
   configs the issue found failing at launch) for sm_80 and sm_90: every kernel fits the
   register file (registers x threads <= 65,536, allocated per warp) and <= 255 registers.
 
-Checking registers from the cubin at build time (error 1) belongs to the CUDA backend
-and is not tested here.
+Checking registers and static shared memory of the loaded cubin at build time (error 1)
+belongs to the CUDA backend: tests/test_cuda_contexts.py.
 """
 
 from __future__ import annotations

@@ -1,19 +1,38 @@
 """CUDA backend through pycuda, imported lazily: only GPU machines have libcuda.
 
 Install with ``pip install '.[cuda]'``. Kernels compile with NVRTC-compatible C++ via
-pycuda's SourceModule (nvcc), and are timed with CUDA events.
+pycuda's SourceModule (nvcc), launch prepared (argument format packed once) and are
+timed with CUDA events.
+
+Each device owns one context, current on no thread between calls: every call that
+touches the GPU pushes it and pops it after (on whichever thread calls: the executor
+builds on a pool), so two devices in one process never run on each other's context.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import wraps
+from typing import Any, TypeVar
 
 import numpy as np
 
-from compiler.runtime.device import BuildError, Device, DeviceInfo, DeviceRuntimeError
+from compiler.runtime.device import (
+    GPU_MIN_REPEAT_MS,
+    BuildError,
+    Device,
+    DeviceInfo,
+    DeviceRuntimeError,
+    LaunchLimitError,
+)
+from compiler.templates import Kernel
 from schemas import DeviceLimits, Target
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _driver() -> Any:
@@ -48,7 +67,7 @@ def _info(drv: Any, index: int) -> DeviceInfo:
             max_thread_y=dev.get_attribute(attr.MAX_BLOCK_DIM_Y),
             max_thread_z=dev.get_attribute(attr.MAX_BLOCK_DIM_Z),
             max_shared_memory_per_block=dev.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK),
-                warp_size=dev.get_attribute(attr.WARP_SIZE),
+            warp_size=dev.get_attribute(attr.WARP_SIZE),
             compute_units=dev.get_attribute(attr.MULTIPROCESSOR_COUNT),
         ),
     )
@@ -62,18 +81,97 @@ def list_cuda_devices() -> list[DeviceInfo]:
         return []
 
 
+def _in_context(method: F) -> F:
+    """Run ``method`` with the device's context current on the calling thread."""
+    @wraps(method)
+    def call(self: CUDADevice, *args: Any, **kwargs: Any) -> Any:
+        with self.current():
+            return method(self, *args, **kwargs)
+    return call  # type: ignore[return-value]
+
+
+def _arg_format(buffers: list[Any]) -> str:
+    """pycuda's prepared-call format: an int32 scalar is "i", a device pointer "P"."""
+    return "".join("i" if isinstance(b, np.int32) else "P" for b in buffers)
+
+
 class CUDADevice(Device):
     dialect = "cuda"
+    holds_queue = True
 
     def __init__(self, index: int = 0) -> None:
         drv = _driver()
         self._drv = drv
         self.info = _info(drv, index)
-        self._ctx = drv.Device(index).make_context()
+        self._ctx: Any = drv.Device(index).make_context()  # made current: pop it at once
+        drv.Context.pop()
+        self._depth = threading.local()  # per thread: how deep in current() it is
         self._modules: dict[str, Any] = {}
 
+    @property
+    def min_repeat_ms(self) -> float:
+        return GPU_MIN_REPEAT_MS
+
+    @contextmanager
+    def current(self) -> Iterator[None]:
+        """This device's context current on this thread for the block (re-entrant)."""
+        if self._ctx is None:
+            raise DeviceRuntimeError(f"{self.info.spec} is closed")
+        depth = getattr(self._depth, "n", 0)
+        if depth == 0:
+            try:
+                self._ctx.push()
+            except self._drv.Error as err:
+                raise DeviceRuntimeError(f"making the context current: {err}") from None
+        self._depth.n = depth + 1
+        try:
+            yield
+        finally:
+            self._depth.n = depth
+            if depth == 0:
+                self._drv.Context.pop()
+
     def close(self) -> None:
-        self._ctx.pop()
+        """Drop the modules inside the context, then release it: pycuda aborts at exit
+        on a context left alive."""
+        if self._ctx is None:
+            return
+        with self.current():
+            self._modules.clear()
+            self._hold = None
+        self._ctx.detach()
+        self._ctx = None
+
+    @_in_context
+    def build(self, kernel: Kernel) -> Any:
+        """As every device; then the launch limits only the cubin knows (error 1)."""
+        program = super().build(kernel)
+        functions = getattr(program, "functions", (program,))
+        blocks = [s.block for s in kernel.stages] or [kernel.block]
+        for function, block in zip(functions, blocks):
+            self._check_fits(function, block)
+        return program
+
+    def _check_fits(self, function: Any, block: tuple[int, int, int]) -> None:
+        """Registers x threads and static shared memory of the built kernel against the
+        device: ``__launch_bounds__`` makes ptxas fit registers, but a kernel over them
+        would only fail at launch, where it would read as a device error (4)."""
+        attr = self._drv.function_attribute
+        threads = block[0] * block[1] * block[2]
+        try:
+            most = function.get_attribute(attr.MAX_THREADS_PER_BLOCK)
+            registers = function.get_attribute(attr.NUM_REGS)
+            shared = function.get_attribute(attr.SHARED_SIZE_BYTES)
+        except self._drv.Error as err:
+            raise DeviceRuntimeError(f"kernel attributes: {err}") from None
+        if threads > most:
+            raise LaunchLimitError(
+                f"{threads} threads per block but the kernel, at {registers} registers a "
+                f"thread, launches at most {most} on {self.info.name}")
+        if shared > self.limits.max_shared_memory_per_block:
+            raise LaunchLimitError(
+                f"{shared} bytes of shared memory per block; {self.info.name} has "
+                f"{self.limits.max_shared_memory_per_block}")
 
     def _compile(self, source: str) -> Any:
         from pycuda.compiler import CompileError, SourceModule
@@ -90,6 +188,7 @@ class CUDADevice(Device):
                 raise DeviceRuntimeError(f"loading the module: {err}") from None
         return self._modules[key]
 
+    @_in_context
     def unload(self) -> None:
         """Drop every compiled module (pycuda unloads one when its last reference goes):
         a trial never runs on another's module."""
@@ -101,24 +200,28 @@ class CUDADevice(Device):
         except self._drv.Error as err:
             raise DeviceRuntimeError(f"kernel {entry}: {err}") from None
 
+    @_in_context
     def upload(self, array: np.ndarray) -> Any:
         try:
             return self._drv.to_device(np.ascontiguousarray(array))
         except self._drv.Error as err:
             raise DeviceRuntimeError(f"upload of {array.nbytes} bytes: {err}") from None
 
+    @_in_context
     def alloc_bytes(self, nbytes: int) -> Any:
         try:
             return self._drv.mem_alloc(max(nbytes, 4))
         except self._drv.Error as err:  # out of memory included
             raise DeviceRuntimeError(f"allocation of {nbytes} bytes: {err}") from None
 
+    @_in_context
     def write(self, buffer: Any, array: np.ndarray) -> None:
         try:
             self._drv.memcpy_htod(buffer, np.ascontiguousarray(array))
         except self._drv.Error as err:
             raise DeviceRuntimeError(f"copy to the device: {err}") from None
 
+    @_in_context
     def download(self, buffer: Any, shape: tuple[int, ...],
                  dtype: str = "float32") -> np.ndarray:
         out = np.empty(shape, dtype=dtype)
@@ -128,26 +231,44 @@ class CUDADevice(Device):
             raise DeviceRuntimeError(f"copy from the device: {err}") from None
         return out
 
+    @_in_context
+    def launch(self, program: Any, kernel: Kernel, buffers: list[Any],
+               timed: bool = False) -> Any:
+        return super().launch(program, kernel, buffers, timed)
+
+    @_in_context
+    def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int) -> float:
+        return super().time(program, kernel, buffers, number)
+
     def _enqueue(self, function: Any, grid: tuple[int, int, int],
                  block: tuple[int, int, int], buffers: list[Any], timed: bool) -> Any:
-        """A timed launch is bracketed by a (start, end) pair of events."""
+        """A prepared launch on the default stream (its argument format set once per
+        kernel); a timed one is bracketed by a (start, end) pair of events."""
         try:
+            if getattr(function, "arg_format", None) is None:
+                function.prepare(_arg_format(buffers))
+            args = [b if isinstance(b, np.int32) else int(b) for b in buffers]
             if not timed:
-                function(*buffers, block=block, grid=grid)
+                function.prepared_async_call(grid, block, None, *args)
                 return None
             start, end = self._drv.Event(), self._drv.Event()
             start.record()
-            function(*buffers, block=block, grid=grid)
+            function.prepared_async_call(grid, block, None, *args)
             end.record()
         except self._drv.Error as err:
             raise DeviceRuntimeError(str(err)) from None
         return start, end
 
+    @_in_context
     def synchronize(self) -> None:
         try:
             self._drv.Context.synchronize()
         except self._drv.Error as err:
             raise DeviceRuntimeError(str(err)) from None
+
+    @_in_context
+    def elapsed(self, first: Any, last: Any = None) -> float:
+        return super().elapsed(first, last)
 
     def _elapsed(self, first: Any, last: Any) -> float:
         start, end = first[0], last[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,33 @@ class BuildError(RuntimeError):
 
 class DeviceRuntimeError(RuntimeError):
     """A kernel failed while running (AutoTVM error 4, RUNTIME_DEVICE)."""
+
+
+class LaunchLimitError(RuntimeError):
+    """A kernel that built but cannot launch as configured on this device: its registers
+    or static shared memory per block exceed the device's (AutoTVM error 1,
+    INSTANTIATION_ERROR: the config does not fit, the device did nothing wrong)."""
+
+
+# A GPU left idle between trials runs at idle clocks; each repeat of a timed kernel on a
+# GPU lasts at least this long (AutoTVM's GPU tutorials use min_repeat_ms=100 likewise).
+GPU_MIN_REPEAT_MS = 100.0
+
+# The timed launches are queued behind one busy kernel (see Device.time); its body, a
+# serial chain of integer steps that no compiler can shorten, in each dialect.
+HOLD_ENTRY = "tuner_hold"
+_HOLD_BODY = """(GLOBAL_INT* sink, int iters) {
+  unsigned int x = (unsigned int)iters;
+  for (int i = 0; i < iters; ++i) x = (x ^ (x >> 13)) * 2654435761u + (unsigned int)i;
+  sink[0] = (int)x;
+}
+"""
+HOLD_SOURCE = {
+    "opencl": f"__kernel void {HOLD_ENTRY}" + _HOLD_BODY.replace("GLOBAL_INT", "__global int"),
+    "cuda": f'extern "C" __global__ void {HOLD_ENTRY}' + _HOLD_BODY.replace("GLOBAL_INT",
+                                                                           "int"),
+}
+MAX_HOLD_S = 0.5  # the longest a hold runs: past it the host is too slow to matter
 
 
 @dataclass(frozen=True)
@@ -78,6 +106,25 @@ class Device(ABC):
 
     info: DeviceInfo
     dialect: str
+    #: whether ``time`` queues its launches behind a busy kernel (backends that can)
+    holds_queue: bool = False
+    _enqueue_s: float = 50e-6  # host seconds per launch, as last measured by ``time``
+    _hold_rate: float = 0.0  # hold-kernel steps per device second, once calibrated
+    _hold: tuple[Any, Any] | None = None  # the hold kernel and its one-word output
+
+    @property
+    def min_repeat_ms(self) -> float:
+        """The floor under a trial's ``min_repeat_ms`` on this device (GPUs warm up)."""
+        return 0.0
+
+    def close(self) -> None:
+        """Release the device (contexts, queues); the object is unusable after."""
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     @property
     def target(self) -> Target:
@@ -166,7 +213,36 @@ class Device(ABC):
 
     def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int) -> float:
         """Seconds per launch over ``number`` back-to-back launches, by device events
-        on the first and the last."""
+        on the first and the last.
+
+        Where the backend can, the launches are queued behind a busy kernel that lasts
+        longer than the host takes to enqueue them: the first event is then not recorded
+        on an idle queue and the device runs the launches back to back, so a kernel of a
+        few microseconds is timed, not the host's launch rate.
+        """
+        if self.holds_queue:
+            self._hold_queue(min(MAX_HOLD_S, 2 * number * self._enqueue_s + 2e-4))
+        began = perf_counter()
         handles = [self.launch(program, kernel, buffers, timed=i in (0, number - 1))
                    for i in range(number)]
+        self._enqueue_s = (perf_counter() - began) / number
         return self.elapsed(handles[0], handles[-1]) / number
+
+    def _hold_queue(self, seconds: float) -> None:
+        """Enqueue the hold kernel for about ``seconds`` of device time (not waited on)."""
+        if self._hold is None:
+            module = self._compile(HOLD_SOURCE[self.dialect])
+            self._hold = (self._function(module, HOLD_ENTRY), self.alloc_bytes(4))
+        function, sink = self._hold
+        if not self._hold_rate:  # calibrate: steps until one hold lasts a millisecond
+            steps = 1 << 12
+            while True:
+                handle = self._enqueue(function, (1, 1, 1), (1, 1, 1),
+                                       [sink, np.int32(steps)], True)
+                took = self._elapsed(handle, handle)
+                if took >= 1e-3 or steps >= 1 << 28:
+                    break
+                steps *= 8
+            self._hold_rate = steps / max(took, 1e-9)
+        steps = int(min(seconds * self._hold_rate, 2**31 - 1))
+        self._enqueue(function, (1, 1, 1), (1, 1, 1), [sink, np.int32(steps)], False)

@@ -41,13 +41,14 @@ def _serve(conn: Connection, device_spec: str | None, target: str | None,
         conn.send(("error", f"cannot open device: {err}"))
         return
     conn.send(("ready", device.info))
-    while True:
-        try:
-            request = conn.recv()
-        except EOFError:
-            return
-        result = measure(device, request, on_stage=lambda s: conn.send(("stage", s)))
-        conn.send(("result", result))
+    with device:  # closed when the parent hangs up (a CUDA context is released)
+        while True:
+            try:
+                request = conn.recv()
+            except EOFError:
+                return
+            result = measure(device, request, on_stage=lambda s: conn.send(("stage", s)))
+            conn.send(("result", result))
 
 
 class IsolatedMeasurer:

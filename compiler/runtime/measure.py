@@ -11,7 +11,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from compiler.runtime.device import BuildError, Device, DeviceRuntimeError
+from compiler.runtime.device import (
+    BuildError,
+    Device,
+    DeviceRuntimeError,
+    LaunchLimitError,
+)
 from compiler.templates import (
     ConfigError,
     Epilogue,
@@ -20,6 +25,11 @@ from compiler.templates import (
     get_template,
 )
 from schemas import Config, MeasureErrorNo, MeasureOptions, MeasureResult, Workload
+
+# Launches timed back to back at most, however short the kernel and high the
+# min_repeat_ms: CUDA queues about a thousand pending launches before a launch blocks,
+# and past that the host's launch rate, not the kernel, sets the time.
+MAX_TIMED_LAUNCHES = 1000
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,9 @@ def _measure(device: Device, request: MeasureRequest,
         program = device.build(kernel)
     except BuildError as err:
         return fail(MeasureErrorNo.COMPILE_DEVICE, f"device compiler failed: {err}")
+    except LaunchLimitError as err:
+        return fail(MeasureErrorNo.INSTANTIATION_ERROR,
+                    f"config does not fit {device.info.name}: {err}")
     except DeviceRuntimeError as err:  # a multi-stage kernel's scratch did not fit
         return fail(MeasureErrorNo.RUNTIME_DEVICE, str(err))
     except Exception as err:  # noqa: BLE001 - module load or kernel lookup in the backend
@@ -160,9 +173,11 @@ def _measure(device: Device, request: MeasureRequest,
             if not ok:
                 return fail(MeasureErrorNo.WRONG_ANSWER, why)
         number = opts.number
-        if opts.min_repeat_ms > 0:
+        floor_ms = max(opts.min_repeat_ms, device.min_repeat_ms)
+        if floor_ms > 0:
             once = device.time(program, kernel, buffers, 1)
-            number = max(number, math.ceil(opts.min_repeat_ms / 1e3 / max(once, 1e-9)))
+            number = max(number, min(MAX_TIMED_LAUNCHES,
+                                     math.ceil(floor_ms / 1e3 / max(once, 1e-9))))
         costs = [device.time(program, kernel, buffers, number) for _ in range(opts.repeat)]
     except DeviceRuntimeError as err:
         return fail(MeasureErrorNo.RUNTIME_DEVICE, f"kernel failed on the device: {err}")

@@ -9,7 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from compiler.runtime.device import BuildError, Device, DeviceInfo, DeviceRuntimeError
+from compiler.runtime.device import (
+    GPU_MIN_REPEAT_MS,
+    BuildError,
+    Device,
+    DeviceInfo,
+    DeviceRuntimeError,
+)
 from schemas import DeviceLimits, Target
 
 PLATFORM_ENV = "TUNER_OPENCL_PLATFORM"
@@ -68,7 +74,7 @@ def _target_for(platform: Any, device: Any) -> Target:
         model = "pocl-cpu" if "portable computing language" in platform.name.lower() else (
             _slug(device.name) + "-cpu")
         return Target.parse(f"opencl -model={model}")
-    if "amd" in platform.name.lower() or "advanced micro devices" in device.vendor.lower():
+    if "amd" in platform.name.lower() or _is_amd(device):
         gfx = re.search(r"gfx[0-9a-f]+", device.name.lower())
         if gfx:
             return Target.parse(f"rocm -model={gfx.group(0)}")
@@ -88,9 +94,30 @@ def _limits(device: Any) -> DeviceLimits:
         # using 94 KB with 784 work-items; 64 KiB covers every TopHub config (<= 56 KB).
         max_shared_memory_per_block=(min(device.local_mem_size, _CPU_LOCAL_MEM_CAP) if is_cpu
                                      else device.local_mem_size),
-        warp_size=16 if is_cpu else (64 if "amd" in device.vendor.lower() else 32),
+        warp_size=_warp_size(device, is_cpu),
         compute_units=device.max_compute_units,
     )
+
+
+def _is_amd(device: Any) -> bool:
+    vendor = device.vendor.lower()  # ROCm: "Advanced Micro Devices, Inc."
+    return "advanced micro devices" in vendor or re.search(r"\bamd\b", vendor) is not None
+
+
+def _warp_size(device: Any, is_cpu: bool) -> int:
+    """Threads that run in lockstep: what the device says where its vendor extension
+    tells (AMD's wavefront width: 64 on GCN/CDNA, 32 on RDNA; NVIDIA's warp), else by
+    vendor; a CPU's vector lanes are not a warp, 16 groups work-items as PoCL packs them."""
+    if is_cpu:
+        return 16
+    for name in ("wavefront_width_amd", "warp_size_nv"):
+        try:
+            width = int(getattr(device, name))
+        except Exception:  # noqa: BLE001 - the extension is absent (LogicError, AttributeError)
+            continue
+        if width > 0:
+            return width
+    return 64 if _is_amd(device) else 32
 
 
 def list_opencl_devices() -> list[DeviceInfo]:
@@ -116,6 +143,7 @@ OPTIONS = "-cl-std=CL1.2"
 
 class OpenCLDevice(Device):
     dialect = "opencl"
+    holds_queue = True
 
     def __init__(self, index: int = 0) -> None:
         cl = _cl()
@@ -142,6 +170,18 @@ class OpenCLDevice(Device):
         )
         self._programs: dict[str, Any] = {}
         self._functions: dict[tuple[int, str], Any] = {}
+        # per kernel object, the arguments last set on it: a launch with the same
+        # buffers enqueues alone (pyopencl's call sets every argument each time)
+        self._bound: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+
+    @property
+    def min_repeat_ms(self) -> float:
+        return 0.0 if self._device.type & _cl().device_type.CPU else GPU_MIN_REPEAT_MS
+
+    def close(self) -> None:
+        self.unload()
+        self._hold = None
+        self.queue.finish()
 
     def _compile(self, source: str) -> Any:
         cl = _cl()
@@ -159,6 +199,7 @@ class OpenCLDevice(Device):
         """Drop every built program and kernel: a trial never runs on another's module."""
         self._programs.clear()
         self._functions.clear()
+        self._bound.clear()
 
     def _function(self, module: Any, entry: str) -> Any:
         # pyopencl makes a new kernel object per attribute access: keep one per entry
@@ -204,11 +245,17 @@ class OpenCLDevice(Device):
 
     def _enqueue(self, function: Any, grid: tuple[int, int, int],
                  block: tuple[int, int, int], buffers: list[Any], timed: bool) -> Any:
-        """Every launch returns its event: the queue profiles them all anyway."""
+        """Every launch returns its event: the queue profiles them all anyway. Arguments
+        are set only when they differ from the kernel's last launch."""
         cl = _cl()
         size = tuple(g * b for g, b in zip(grid, block))
         try:
-            return function(self.queue, size, block, *buffers)
+            bound = self._bound.get(id(function))
+            if (bound is None or bound[0] is not function or len(bound[1]) != len(buffers)
+                    or any(a is not b for a, b in zip(bound[1], buffers))):
+                function.set_args(*buffers)
+                self._bound[id(function)] = (function, tuple(buffers))
+            return cl.enqueue_nd_range_kernel(self.queue, function, size, block)
         except cl.Error as err:
             raise DeviceRuntimeError(str(err)) from None
 

@@ -6,7 +6,8 @@ pyopencl alike. CPU-class templates also use short-float-vector macros (VEC_T, V
 VLOAD, VSTORE, VFMA, VADD, VMAX, VELEM): OpenCL's floatN built-ins, a small struct
 template in CUDA. Quantized kernels use INT8_T (a signed byte) and DP4A(a, b, c), the
 4-lane int8 dot product with int32 accumulation: CUDA's ``__dp4a`` on sm_61 and later,
-sign-extended byte arithmetic elsewhere.
+AMD's ``v_dot4`` (``__builtin_amdgcn_sdot4``) where the ROCm device has it, sign-extended
+byte arithmetic elsewhere.
 """
 
 from __future__ import annotations
@@ -43,8 +44,19 @@ _OPENCL = """\
 // times byte j of b, each sign-extended (4 int8 lanes packed little-endian in an int).
 #define INT8_T char
 #define INT8_LANE(x, j) (((((x) >> (8 * (j))) & 0xff) ^ 0x80) - 0x80)
+// AMD GPUs with dot instructions (gfx906, CDNA, RDNA2 and later: the ROCm compiler
+// knows the builtin only where the device has it) do DP4A in one v_dot4 instruction.
+#if defined(__AMDGCN__) && defined(__has_builtin)
+#if __has_builtin(__builtin_amdgcn_sdot4)
+#define TUNER_SDOT4 1
+#endif
+#endif
+#ifdef TUNER_SDOT4
+#define DP4A(a, b, c) __builtin_amdgcn_sdot4((a), (b), (c), false)
+#else
 #define DP4A(a, b, c) ((c) + INT8_LANE(a, 0) * INT8_LANE(b, 0) + INT8_LANE(a, 1) * INT8_LANE(b, 1) \
     + INT8_LANE(a, 2) * INT8_LANE(b, 2) + INT8_LANE(a, 3) * INT8_LANE(b, 3))
+#endif
 """
 
 _CUDA = """\
