@@ -7,7 +7,9 @@
 #   bench/gpu_check.sh              # on the GPU machine (pycuda's wheel carried there)
 #   bench/gpu_check.sh --dry-run    # anywhere: every step up to the first that needs a GPU
 #
-# Installs nothing: pycuda must already import (see `python -m bench.gpu_check cuda`).
+# Fetches nothing: what the GPU machine lacks travels in .whl/ (made here by
+# bench/gpu_wheels.sh: the project's wheels and pycuda's source, which step 'install'
+# builds there against its CUDA); with no .whl/, pycuda must already import.
 # Env: DRY_RUN=1 (as --dry-run), PYTHON (default .venv/bin/python, else python3),
 # GPU_CHECK_OUT (default $OUT/gpu_check when $OUT is set, else /tmp/gpu_check),
 # DEVICE (default cuda:0), TRIALS (default 200), BUDGET_S (default 470: each step's
@@ -77,6 +79,20 @@ finish() {
 }
 
 # the table, then one line of specs and targets (the table's summary)
+# The carried wheels into a site folder of their own (never the image's environment);
+# pycuda links the driver's libcuda and builds with the image's nvcc
+if [ -d .whl ] && [ "$DRY_RUN" != 1 ]; then
+    SITE=${GPU_CHECK_SITE:-/tmp/gpu_check_site}
+    step install 240 bash -c 'set -e
+        "$1" -m pip install -q --no-index --no-deps --no-compile --target "$2" .whl/*.whl
+        LIBRARY_PATH="/usr/local/nvidia/lib64:/usr/local/cuda/lib64/stubs:${LIBRARY_PATH:-}" \
+            "$1" -m pip install -q --no-index --no-deps --no-build-isolation \
+            --target "$2" .whl/pycuda-*.tar.gz
+        echo "installed $(ls .whl | wc -l) carried packages into $2"' _ "$PYTHON" "$SITE" ||
+        finish 1
+    export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
 step devices 30 bash -c 'set -o pipefail; "$@" devices && "$@" devices --json |
     "$1" -c "import json, sys; print(\", \".join(d[\"spec\"] + \" \" + d[\"target\"]
                                           for d in json.load(sys.stdin)))"' _ "${TUNER[@]}"
