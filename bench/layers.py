@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 from common import cpu_model, git_revision, host_seconds, onnxruntime_conv
 
-from cli.models import database_source
+import tuner
 from compiler.build_module import load_graph
 from compiler.frontend.samples import light_path
 from compiler.passes import optimize
@@ -55,9 +55,9 @@ from compiler.records.choose import THIS_DEVICE
 from compiler.runtime import Device, open_device
 from compiler.runtime.measure import (
     MeasureRequest,
-    task_operands,
     max_abs_error_ok,
     measure,
+    task_operands,
 )
 from compiler.tasks import CONV_CPU, CONV_GPU, extract_tasks
 from compiler.templates import Epilogue, get_template
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import onnxruntime as ort
 
-    source = database_source(args.database_url, [w for la in chosen for w in (la.cpu, la.gpu)])
+    source = tuner.records.database(args.database_url)
     options = MeasureOptions(number=args.number, repeat=args.repeat,
                              min_repeat_ms=args.min_repeat_ms)
     print(f"# bench/layers.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")

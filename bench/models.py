@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cli.models import database_source
+import tuner
 from compiler.build_module import Module, build
 from compiler.frontend.samples import LIGHT_MODELS, light_path, with_random_weights
 from compiler.runtime import open_device
@@ -50,9 +50,7 @@ def tune(path: str, target: str, device: str, trials: int, database_url: str) ->
 
 def untuned_tasks(module: Module, database_url: str, trials: int) -> int:
     """Tasks with fewer than ``trials`` records of this device in the database."""
-    source = database_source(database_url, [t.workload for t in module.tasks])
-    if source is None:
-        return len(module.tasks)
+    source = tuner.records.database(database_url)
     have: dict[str, int] = {}
     for cand in source.candidates([t.workload for t in module.tasks], module.device.target):
         if cand.record.target.model == module.device.target.model:
@@ -112,7 +110,7 @@ def main() -> None:
         if missing and not args.no_tune:
             print(f"{name}: {missing} of {len(untuned.tasks)} tasks need tuning")
             tune_s = tune(path, target, args.device, args.trials, args.database_url)
-        source = database_source(args.database_url, [t.workload for t in untuned.tasks])
+        source = tuner.records.database(args.database_url)
         tuned = build(model, records=source, device=dev)
         ort_run, ort_seconds = onnxruntime_timer(model, x)
         want = ort_run()

@@ -28,14 +28,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from cli.models import database_source
+import tuner
 from compiler.build_module import Module, build
 from compiler.frontend import import_onnx
 from compiler.frontend.samples import light_path, with_random_weights
 from compiler.passes import optimize
 from compiler.passes.quantize import QConfig, quantize
 from compiler.runtime import open_device
-from compiler.tasks import extract_tasks
 
 BENCH_DB = Path(__file__).resolve().parent / "data" / "models.db"
 TUNER = Path(sys.executable).with_name("tuner")
@@ -98,9 +97,8 @@ def main() -> None:
 
     configs = {scale: QConfig(global_scale=scale) for scale in scales}
     float_graph = optimize(graph)
-    float_tasks = [t.workload for t in extract_tasks(float_graph, dev.target,
-                                                     every_candidate=True)]
-    reference = build(float_graph, records=database_source(args.database_url, float_tasks),
+    source = tuner.records.database(args.database_url)
+    reference = build(float_graph, records=source,
                       device=dev, optimized=True)
     rng = np.random.default_rng(0)
     shape = graph.inputs[0].ty.shape
@@ -112,9 +110,7 @@ def main() -> None:
     default_module = None
     for scale, cfg in configs.items():
         q_graph = optimize(quantize(graph, cfg))
-        q_tasks = [t.workload for t in extract_tasks(q_graph, dev.target,
-                                                     every_candidate=True)]
-        module = build(q_graph, records=database_source(args.database_url, q_tasks),
+        module = build(q_graph, records=source,
                        device=dev, optimized=True)
         int8 = sum(1 for n in q_graph.nodes if n.op == "fused.conv2d"
                    and n.attr("out_dtype") == "int32" and id(n) in q_graph.live())

@@ -5,7 +5,7 @@ whose tasks (ResNet-50 convolutions, ``conv2d_nchw.cuda``) have spaces far large
 the run can use, and drives it with N simulated workers: each loops lease (B trials)
 -> POST results with a fixed fake cost; no kernel is built or run. Then, on another
 fresh database holding ``--records`` records (1,000 workloads, several device models),
-times ``POST /api/v1/records/best`` for one workload per request.
+times the best-record lookup (``TunerClient.best``) for one workload per request.
 
     .venv/bin/python bench/server.py                        # both backends, defaults
     .venv/bin/python bench/server.py --backends sqlite --workers 8 --batch 32 --seconds 20
@@ -20,9 +20,12 @@ What is measured:
   recorded/s    trials accepted by results calls that completed inside the window
   lease/results p50/p99  client-side latency of each HTTP call (loopback, keep-alive),
                 lease calls that came back empty (queue drained) included
-  best p50/p99  client-side latency of one POST /api/v1/records/best, one workload each,
+  best p50/p99  client-side latency of one best-record lookup, one workload each,
                 half the requests answered by the device-model rule, half by the
                 target-key rule (no record for that model)
+
+Every call goes through ``tuner_client`` (the one REST client): the latencies include
+its pydantic encoding and parsing, as every real client's do.
 
 The load generator (worker processes) runs on the same machine as the server and the
 database, so on a 2-core box they compete for the same CPUs: the figures are a floor.
@@ -31,6 +34,7 @@ database, so on a 2-core box they compete for the same CPUs: the figures are a f
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -52,6 +56,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from schemas import MeasureErrorNo, MeasureResult, Target, Workload
+from schemas.api import JobRequest, TrialResult, WorkerRegistration
+from tuner_client import ApiError, TunerClient
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -159,9 +167,10 @@ def server(url: str, queue_url: str, log: Path, extra_env: dict[str, str] | None
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited with {proc.returncode}; see {log}")
             try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
+                with TunerClient(base, timeout=1, retries=0) as probe:
+                    probe.health()
+                break
+            except ApiError:
                 pass
             if time.time() > deadline:
                 raise RuntimeError(f"server did not answer within 60 s; see {log}")
@@ -186,8 +195,9 @@ def server(url: str, queue_url: str, log: Path, extra_env: dict[str, str] | None
                 r.delete(*keys)
 
 
-def metrics(client: httpx.Client) -> dict[str, float]:
-    text = client.get("/metrics").text
+def metrics(base: str) -> dict[str, float]:
+    """The server's Prometheus counters (not part of the REST API)."""
+    text = httpx.get(f"{base}/metrics", timeout=60).text
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -208,38 +218,33 @@ def worker_proc(base: str, token: str, names: list[str], batch: int, t_stop: flo
 
     def run(name: str) -> None:
         mine: list[tuple[str, float, float, int]] = []
-        headers = {"Authorization": f"Bearer {token}"}
-        with httpx.Client(base_url=base, headers=headers, timeout=60) as c:
-            r = c.post("/api/v1/workers", json={"name": name, "target": JOB_TARGET})
-            if r.status_code != 201:
-                errors.append(f"register {r.status_code} {r.text[:200]}")
-                return
-            wid = r.json()["id"]
-            c.headers["Authorization"] = f"Bearer {r.json()['token']}"  # the worker's own
-            while time.time() < t_stop:
-                t0 = time.perf_counter()
-                r = c.post(f"/api/v1/workers/{wid}/lease",
-                           json={"max_trials": batch, "wait_s": 0.5})
-                t1 = time.perf_counter()
-                if r.status_code != 200:
-                    errors.append(f"lease {r.status_code} {r.text[:200]}")
-                    break
-                trials = r.json()["trials"]
-                mine.append(("lease", time.time(), t1 - t0, len(trials)))
-                if not trials:
-                    continue
-                now = time.time()
-                body = {"results": [
-                    {"trial_id": t["trial_id"],
-                     "result": {"costs": [cost], "error_no": 0, "all_cost": 0.0,
-                                "timestamp": now}, "info": {}} for t in trials]}
-                t0 = time.perf_counter()
-                r = c.post(f"/api/v1/workers/{wid}/results", json=body)
-                t1 = time.perf_counter()
-                if r.status_code != 200:
-                    errors.append(f"results {r.status_code} {r.text[:200]}")
-                    break
-                mine.append(("results", time.time(), t1 - t0, int(r.json()["accepted"])))
+        with TunerClient(base, token, timeout=60, retries=0) as api:
+            step = "register"
+            try:
+                registered = api.register_worker(
+                    WorkerRegistration(name=name, target=Target.parse(JOB_TARGET),
+                                       device=None))
+                wid = registered.id
+                api.use_token(registered.token)  # the worker's own
+                while time.time() < t_stop:
+                    step = "lease"
+                    t0 = time.perf_counter()
+                    trials = api.lease(wid, max_trials=batch, wait_s=0.5).trials
+                    t1 = time.perf_counter()
+                    mine.append(("lease", time.time(), t1 - t0, len(trials)))
+                    if not trials:
+                        continue
+                    result = MeasureResult(costs=(cost,), error_no=MeasureErrorNo.NO_ERROR,
+                                           all_cost=0.0, timestamp=time.time())
+                    results = [TrialResult(trial_id=t.trial_id, result=result, info={})
+                               for t in trials]
+                    step = "results"
+                    t0 = time.perf_counter()
+                    accepted = api.report_results(wid, results).accepted
+                    t1 = time.perf_counter()
+                    mine.append(("results", time.time(), t1 - t0, accepted))
+            except ApiError as err:
+                errors.append(f"{step} {err.status} {err.detail[:200]}")
         with lock:
             log.extend(mine)
 
@@ -265,18 +270,16 @@ class DispatchResult:
 
 
 def run_dispatch(base: str, tokens: dict[str, str], args: argparse.Namespace) -> DispatchResult:
-    admin = httpx.Client(base_url=base, timeout=60,
-                         headers={"Authorization": f"Bearer {tokens['admin']}"})
-    job = {"target": JOB_TARGET, "n_trial": args.n_trial, "tuner": "random",
-           "plan_size": args.plan_size,
-           "tasks": [{"template": TEMPLATE, "args": conv_args(*layer)}
-                     for layer in LAYERS[:args.tasks]]}
-    r = admin.post("/api/v1/jobs", json=job)
-    r.raise_for_status()
+    job = JobRequest(target=Target.parse(JOB_TARGET), n_trial=args.n_trial, tuner="random",
+                     plan_size=args.plan_size, early_stopping=None,
+                     tasks=[Workload(template=TEMPLATE, args=tuple(conv_args(*layer)))
+                            for layer in LAYERS[:args.tasks]])
+    with TunerClient(base, tokens["admin"], timeout=60, retries=0) as admin:
+        admin.submit_job(job)
     # let the scheduler fill the queue before the workers start
     deadline = time.time() + 30
     while time.time() < deadline:
-        if metrics(admin).get("tuner_queue_depth", 0) >= min(args.plan_size, 64):
+        if metrics(base).get("tuner_queue_depth", 0) >= min(args.plan_size, 64):
             break
         time.sleep(0.2)
     t_start = time.time() + 1.0  # worker processes start and register in this second
@@ -298,10 +301,10 @@ def run_dispatch(base: str, tokens: dict[str, str], args: argparse.Namespace) ->
     # server-side counters at the window's edges, as a cross-check
     while time.time() < t_measure:
         time.sleep(0.01)
-    m0, tm0 = metrics(admin), time.time()
+    m0, tm0 = metrics(base), time.time()
     while time.time() < t_end:
         time.sleep(0.01)
-    m1, tm1 = metrics(admin), time.time()
+    m1, tm1 = metrics(base), time.time()
     log: list[tuple[str, float, float, int]] = []
     errors: list[str] = []
     for recv, p in zip(pipes, procs):
@@ -312,7 +315,6 @@ def run_dispatch(base: str, tokens: dict[str, str], args: argparse.Namespace) ->
         p.join(30)
         if p.is_alive():
             p.kill()
-    admin.close()
     window = [e for e in log if t_measure <= e[1] < t_end]
     leases = [e for e in window if e[0] == "lease"]
     results = [e for e in window if e[0] == "results"]
@@ -359,7 +361,8 @@ def fill_records(url: str, n_records: int, n_workloads: int, seed: int = 0) -> d
 
     rng = random.Random(seed)
     template = get_template(TEMPLATE)
-    workloads = [Workload(template=TEMPLATE, args=a) for a in record_workloads(n_workloads)]
+    workloads = [Workload(template=TEMPLATE, args=tuple(a))
+                 for a in record_workloads(n_workloads)]
     targets = [Target.parse(t) for t in RECORD_TARGETS]
     configs: dict[str, list[Config]] = {}
     for w in workloads:
@@ -399,20 +402,18 @@ def fill_records(url: str, n_records: int, n_workloads: int, seed: int = 0) -> d
 def run_best(base: str, token: str, workloads: list[list[Any]], n_requests: int,
              seed: int = 1) -> dict[str, Any]:
     rng = random.Random(seed)
-    lat, rules = [], {}
-    with httpx.Client(base_url=base, timeout=60,
-                      headers={"Authorization": f"Bearer {token}"}) as c:
+    lat: list[float] = []
+    rules: dict[str, int] = {}
+    with TunerClient(base, token, timeout=60, retries=0) as api:
         for i in range(n_requests + 50):  # the first 50 warm up
             target = rng.choice(QUERY_MODEL if i % 2 == 0 else QUERY_KEY)
-            body = {"target": target,
-                    "workloads": [{"template": TEMPLATE, "args": rng.choice(workloads)}]}
+            workload = Workload(template=TEMPLATE, args=tuple(rng.choice(workloads)))
             t0 = time.perf_counter()
-            r = c.post("/api/v1/records/best", json=body)
+            (item,) = api.best(target, [workload])
             dt = time.perf_counter() - t0
-            r.raise_for_status()
             if i >= 50:
                 lat.append(dt * 1e3)
-                rule = r.json()["items"][0]["rule"]
+                rule = item.rule
                 kind = "none" if rule == "none" else rule.split(":")[0]
                 rules[kind] = rules.get(kind, 0) + 1
     return {"p50": pct(lat, 50), "p99": pct(lat, 99), "mean": statistics.fmean(lat),
@@ -459,7 +460,7 @@ def bench_backend(backend: str, args: argparse.Namespace, workdir: Path) -> dict
 
 
 def verdict(value: float, target: float, higher_is_better: bool, unit: str) -> str:
-    if value != value:  # NaN
+    if math.isnan(value):
         return "not measured"
     if (value >= target) if higher_is_better else (value <= target):
         return "target met"

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 
 import typer
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from cli.common import fail, note_database
+from tuner.embedded import sqlite_path
 from tuner_server.db.session import check_schema, make_engine, session_factory, upgrade
 from tuner_server.services.tokens import ROLES, create_token, list_tokens, revoke
 from tuner_server.settings import Settings
@@ -44,16 +44,6 @@ def resolve_url(url: str | None) -> str:
     except ImportError as err:
         fail(f"--database-url: its driver is not installed ({err}); use {URL_FORMS}", code=1)
     return url
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The file of a SQLite URL (None for another backend or an in-memory database)."""
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return None
-    return Path(parsed.database)
 
 
 def open_database(database_url: str | None) -> tuple[Engine, sessionmaker[Session]]:

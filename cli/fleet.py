@@ -1,8 +1,8 @@
 """``tuner jobs``, ``tuner job``, ``tuner workers``, ``tuner cancel``: watch and steer a
 tuning server's jobs and its worker fleet from a terminal.
 
-The HTTP calls (:class:`FleetClient`) and the rendering (:func:`sparkline`, the table
-builders) are small functions of their own, so each can be tested without the other.
+The server is reached through ``tuner.Client``; the rendering (:func:`sparkline`, the
+table builders) works on the server's answers as sent, so it can be tested alone.
 Every failure a user can cause (server down, bad token, unknown job) becomes one
 ``error: ...`` line and exit code 1; bad arguments exit 2."""
 
@@ -21,9 +21,11 @@ from rich.table import Table
 from rich.text import Text
 
 from cli.common import fail
+from tuner import FINAL, Unreachable
+from tuner import Client as FleetClient
+from tuner import TunerError as FleetError
+from tuner.client import DEFAULT_SERVER
 
-DEFAULT_SERVER = "http://127.0.0.1:8600"  # what `tuner serve` listens on by default
-FINAL = ("done", "cancelled", "failed")
 REFRESH_S = 1.0  # --follow polls this often
 RETRY_S = 30.0  # --follow rides out a server this long unreachable before giving up
 SPARK_WIDTH = 32  # cells of a tuning curve at most; fewer on a narrow terminal
@@ -34,95 +36,6 @@ SERVER = typer.Option(DEFAULT_SERVER, "--server", envvar="TUNER_SERVER",
 TOKEN = typer.Option(None, "--token", envvar="TUNER_TOKEN",
                      help="a client (or admin) token")
 JOB_ID = typer.Argument(..., min=1, help="a job id (from `tuner jobs`)")
-
-
-# --------------------------------------------------------------------------- HTTP
-
-class FleetError(Exception):
-    """A failure to report as one line (exit 1): the message says what to do about it."""
-
-
-class Unreachable(FleetError):
-    """The server did not answer at all (down, restarting, wrong address)."""
-
-
-class FleetClient:
-    """The server's jobs and workers API; every failure becomes a :class:`FleetError`
-    whose message names the server, the status and the server's own explanation."""
-
-    def __init__(self, server: str, token: str | None, timeout: float = 30.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.server = server.rstrip("/")
-        self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> FleetClient:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
-
-    def request(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
-        """The JSON answer of ``method path``; ``what`` names the thing for a 404."""
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TimeoutException:
-            raise Unreachable(f"the tuning server at {self.server} did not answer in time"
-                              ) from None
-        except httpx.TransportError as err:
-            raise Unreachable(f"cannot reach the tuning server at {self.server} "
-                              f"({err or type(err).__name__}); is `tuner serve` running? "
-                              f"(--server or TUNER_SERVER)") from None
-        if response.is_error:
-            raise FleetError(_http_error(response, self.server, method, path, what))
-        try:
-            return response.json()
-        except ValueError:
-            raise FleetError(f"{self.server}{path} did not answer JSON: is {self.server} "
-                             f"a tuning server?") from None
-
-    def jobs(self, limit: int = 100) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = self.request("GET", "/api/v1/jobs", "jobs",
-                                                  params={"limit": limit})
-        return rows
-
-    def job(self, job_id: int) -> dict[str, Any]:
-        job: dict[str, Any] = self.request("GET", f"/api/v1/jobs/{job_id}", f"job {job_id}")
-        return job
-
-    def cancel(self, job_id: int) -> dict[str, Any]:
-        answer: dict[str, Any] = self.request("POST", f"/api/v1/jobs/{job_id}/cancel",
-                                              f"job {job_id}")
-        return answer
-
-    def workers(self) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = self.request("GET", "/api/v1/workers", "workers")
-        return rows
-
-
-def _http_error(response: httpx.Response, server: str, method: str, path: str,
-                what: str) -> str:
-    """One sentence for an error answer, with the server's ``detail`` when it gave one."""
-    try:
-        detail = response.json().get("detail")
-    except (ValueError, AttributeError):
-        detail = None
-    detail = str(detail) if detail else response.reason_phrase
-    status = response.status_code
-    if status == 401:
-        return (f"the server refused the token ({status}: {detail}); pass a client token "
-                f"with --token or TUNER_TOKEN (`tuner token create --role client`)")
-    if status == 403:
-        return f"forbidden ({status}: {detail}); use a client or admin token"
-    if status in (404, 405) and detail in ("Not Found", "Method Not Allowed"):
-        # FastAPI's own answer for a route it does not have: an older or other server
-        return (f"{server} has no {method} {path} ({status}); is it a tuning server of "
-                f"this version?")
-    if status == 404:
-        return f"{detail if what in detail else f'{what}: {detail}'} (on {server})"
-    return f"the server answered {status} to {method} {path}: {detail}"
 
 
 def _client(server: str, token: str | None) -> FleetClient:
@@ -344,7 +257,7 @@ def jobs(server: str = SERVER, token: str | None = TOKEN,
     """The server's jobs, newest first: progress, ETA, best GFLOP/s."""
     with _client(server, token) as client:
         try:
-            rows = client.jobs(limit)
+            rows = [j.model_dump(mode="json") for j in client.jobs(limit)]
         except FleetError as err:
             _failed(err)
     if not rows:
@@ -363,7 +276,8 @@ def job(job_id: int = JOB_ID,
         try:
             if not follow:
                 console = _console()
-                console.print(job_view(client.job(job_id), spark_width=_spark_width(console)))
+                console.print(job_view(client.job(job_id).model_dump(mode="json"),
+                                       spark_width=_spark_width(console)))
                 return
             final = _follow(client, job_id)
         except FleetError as err:
@@ -378,7 +292,7 @@ def job(job_id: int = JOB_ID,
 
 def _follow(client: FleetClient, job_id: int) -> dict[str, Any]:
     """A rich Live view of the job, refreshed every ``REFRESH_S``, until it ends."""
-    job = client.job(job_id)  # an unknown job or bad token fails before anything is drawn
+    job = client.job(job_id).model_dump(mode="json")  # an unknown job or bad token fails before anything is drawn
     console = _console()
     try:
         with Live(job_view(job, spark_width=_spark_width(console)), console=console,
@@ -398,7 +312,7 @@ def _poll(client: FleetClient, job: dict[str, Any], live: Live) -> dict[str, Any
         time.sleep(REFRESH_S)
         note = None
         try:
-            job = client.job(int(job["id"]))
+            job = client.job(int(job["id"])).model_dump(mode="json")
             unreachable_since = None
         except Unreachable as err:
             unreachable_since = unreachable_since or time.monotonic()
@@ -426,7 +340,7 @@ def workers(server: str = SERVER, token: str | None = TOKEN) -> None:
     """The registered workers: heartbeat age, alive, trials/min, error rate."""
     with _client(server, token) as client:
         try:
-            rows = client.workers()
+            rows = [w.model_dump(mode="json") for w in client.workers()]
         except FleetError as err:
             _failed(err)
     if not rows:
@@ -439,10 +353,9 @@ def cancel(job_id: int = JOB_ID, server: str = SERVER, token: str | None = TOKEN
     """Cancel a job: its queued trials are withdrawn; trials in hand still report."""
     with _client(server, token) as client:
         try:
-            answer = client.cancel(job_id)
+            status = client.cancel(job_id)
         except FleetError as err:
             _failed(err)
-    status = answer.get("status")
     if status == "cancelled":
         typer.echo(f"job {job_id} cancelled")
     else:

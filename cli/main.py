@@ -31,6 +31,7 @@ from cli import (
 )
 from cli.common import MAX_ERROR, database_in_use
 from schemas.text import one_line
+from tuner import TunerError
 
 DEBUG_ENV = "TUNER_DEBUG"
 _debug = False  # set by --debug, before any command runs
@@ -61,7 +62,7 @@ def explain(err: Exception) -> tuple[str, int]:
         return str(err), 1
     if isinstance(err, QueueUnavailable):
         return f"{err}; check --queue-url (TUNER_QUEUE_URL)", 1
-    if isinstance(err, fleet.FleetError):
+    if isinstance(err, TunerError):
         return str(err), 1
     if isinstance(err, httpx.InvalidURL | httpx.UnsupportedProtocol):
         return f"--server: {err}; give an http:// or https:// URL", 2

@@ -11,18 +11,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+import tuner as api
 from cli.common import QCONFIG, QUANTIZE, fail, parse_target, quantized
 from cli.db import DATABASE_URL, resolve_url
 from compiler.ir import Graph, IRError, print_graph
-from compiler.records import (
-    MemorySource,
-    RecordsError,
-    RecordSource,
-    open_source,
-)
+from compiler.records import RecordsError, RecordSource
 from compiler.runtime.device import BuildError, DeviceRuntimeError
-from compiler.tasks import Task, extract_tasks
-from schemas import Workload
+from compiler.tasks import Task
 
 if TYPE_CHECKING:
     from compiler.build_module import Module
@@ -58,46 +53,16 @@ def import_model(path: Path) -> Graph:
         fail(f"{path}: {err}", code=1)
 
 
-def database_source(database_url: str | None, workloads: list[Workload]) -> RecordSource | None:
-    """The embedded database's records of these workloads (every target); None when the
-    default SQLite file does not exist yet (nothing was tuned here)."""
-    url = resolve_url(database_url)
-    if url.startswith("sqlite") and not Path(url.split("///", 1)[-1]).exists():
-        return None
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from tuner_server.db.session import (
-        SchemaError,
-        check_schema,
-        make_engine,
-        session_factory,
-    )
-    from tuner_server.services import records as svc
-
-    engine = make_engine(url)
-    try:
-        check_schema(engine, url)
-        records = []
-        with session_factory(engine)() as session:
-            for workload in workloads:
-                records += svc.query(session, workload=workload, limit=100_000)[1]
-    except SchemaError as err:
-        fail(f"--database-url: {err}", code=1)
-    except SQLAlchemyError as err:
-        fail(f"--database-url {url}: {type(err).__name__}: {str(err).splitlines()[0]}", code=1)
-    finally:
-        engine.dispose()
-    return MemorySource(records, origin=f"database {url}")
-
-
-def records_source(spec: str | None, token: str | None, database_url: str | None,
-                   workloads: list[Workload]) -> RecordSource | None:
+def records_source(spec: str | None, token: str | None,
+                   database_url: str | None) -> RecordSource | None:
+    """``--records``: a server URL, log files, or ``none``; without it the database (the
+    embedded one unless --database-url names another)."""
     if spec is None:
-        return database_source(database_url, workloads)
+        return api.records.database(resolve_url(database_url))
     if spec.strip().lower() == "none":
         return None
     try:
-        return open_source(spec, token=token)
+        return api.records.source(spec, token=token)
     except ValueError as err:
         fail(str(err))
 
@@ -122,10 +87,8 @@ def _short(args: list) -> str:
 def tasks(model: Path = MODEL, target: str = TARGET, quantize: bool = QUANTIZE,
           qconfig: list[str] | None = QCONFIG) -> None:
     """List the conv2d/dense tasks of a model with their AutoTVM workloads."""
-    from compiler.passes import optimize
-
     tgt = parse_target(target)
-    found = extract_tasks(optimize(quantized(import_model(model), quantize, qconfig)), tgt)
+    found = api.extract_tasks(quantized(import_model(model), quantize, qconfig), tgt)
     typer.echo(f"target {tgt}: a {tgt.device_class.upper()} device, so "
                f"{'CPU' if tgt.device_class == 'cpu' else 'GPU'} templates first "
                "(-device=cpu|gpu overrides)")
@@ -163,13 +126,10 @@ def _prepare(model: Path, target: str, device: str | None, print_ir: bool,
 def _build(model: Path, target: str, records: str | None, token: str | None,
            database_url: str | None, device: str | None, print_ir: bool = False,
            quantize: bool = False, qconfig: list[str] | None = None) -> Module:
-    from compiler.build_module import build
-
     optimized, dev = _prepare(model, target, device, print_ir, quantize, qconfig)
-    workloads = [t.workload for t in extract_tasks(optimized, dev.target)]
-    source = records_source(records, token, database_url, workloads)
+    source = records_source(records, token, database_url)
     try:
-        module = build(optimized, records=source, device=dev, optimized=True)
+        module = api.build(optimized, records=source, device=dev, optimized=True)
     except RecordsError as err:
         fail(str(err), code=1)
     except (BuildError, DeviceRuntimeError, IRError) as err:
@@ -219,9 +179,7 @@ def _build_hetero(model: Path, target: str, records: str | None, token: str | No
     for key in unmatched_rules(optimized, rules):
         typer.echo(f"note: --place {key}={rules[key]} matches no op of the optimized graph",
                    err=True)
-    workloads = list({t.workload.key: t.workload for d in devices.values()
-                      for t in extract_tasks(optimized, d.target)}.values())
-    source = records_source(records, token, database_url, workloads)
+    source = records_source(records, token, database_url)
     try:
         module = build_hetero(optimized, None if auto else rules, dev.info.spec,
                               records=source, devices=devices, auto=auto, optimized=True)

@@ -7,10 +7,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import typer
 from sqlalchemy.orm import Session, sessionmaker
 
+import tuner as api
 from cli.common import (
     check_server_url,
     fail,
@@ -19,6 +19,7 @@ from cli.common import (
     parse_target,
 )
 from cli.db import DATABASE_URL, open_database
+from compiler.records.pretuned import TOPHUB_DIR
 from schemas import Record, Target
 from tuner_server.services import records as svc
 
@@ -26,26 +27,16 @@ records_app = typer.Typer(help="Tuning records (AutoTVM log lines).", no_args_is
 
 SERVER = typer.Option(None, "--server", envvar="TUNER_SERVER", help="server URL")
 TOKEN = typer.Option(None, "--token", envvar="TUNER_TOKEN", help="bearer token")
+LOG_FILES = typer.Argument(None, exists=True, dir_okay=False, readable=True,
+                           help="AutoTVM log files (or --pretuned)")
 
 
 def _sessions(database_url: str | None) -> sessionmaker[Session]:
     return open_database(database_url)[1]
 
 
-def _client(server: str, token: str | None) -> httpx.Client:
-    server = check_server_url(server)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=server, headers=headers, timeout=60)
-
-
-def _check(response: httpx.Response) -> httpx.Response:
-    if response.is_error:
-        try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
-            detail = response.text
-        fail(f"server answered {response.status_code}: {detail}", code=1)
-    return response
+def _client(server: str, token: str | None) -> api.Client:
+    return api.Client(check_server_url(server), token, timeout=60)
 
 
 def _target(text: str) -> Target:
@@ -54,31 +45,44 @@ def _target(text: str) -> Target:
 
 @records_app.command("import")
 def records_import(
-    files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, readable=True),
+    files: list[Path] | None = LOG_FILES,
+    pretuned: bool = typer.Option(False, "--pretuned",
+                                  help="import the TopHub logs shipped with the package"),
+    target: str | None = typer.Option(None, "--target",
+                                      help="with --pretuned: only this target's records "
+                                           "('cuda' matches every cuda model)"),
     database_url: str | None = DATABASE_URL,
     server: str | None = SERVER,
     token: str | None = TOKEN,
 ) -> None:
-    """Import AutoTVM log files; bad lines are listed, good ones kept."""
+    """Import AutoTVM log files; bad lines are listed, good ones kept, lines already
+    stored counted as duplicates."""
+    if target is not None and not pretuned:
+        fail("--target: only with --pretuned (a log file is imported whole)")
+    if pretuned == bool(files):
+        fail("give log files or --pretuned (one of them)")
+    logs = pretuned_logs(_target(target) if target else None) if pretuned else [
+        (path, *read_log(path)) for path in files or []]
     sessions = None if server else _sessions(database_url)
     client = _client(server, token) if server else None
     failed = 0
-    for path in files:
-        lines, undecodable = read_log(path)
+    for path, lines, undecodable in logs:
         if client is not None:
-            body = _check(client.post("/api/v1/records/import", content="\n".join(lines),
-                                      headers={"content-type": "text/plain"})).json()
-            accepted, refused = body["accepted"], body.get("refused", len(body["errors"]))
-            errors = [(e["line"], e["error"]) for e in body["errors"]]
+            answer = client.import_log(lines)
+            accepted, refused = answer.accepted, answer.refused
+            duplicates = answer.duplicates
+            errors = [(e.line, e.error) for e in answer.errors]
         else:
             assert sessions is not None
             with sessions.begin() as session:
                 report = svc.import_lines(session, lines)
             accepted, refused, errors = report.accepted, report.refused, report.errors
+            duplicates = report.duplicates
         # the answer lists the first refused lines only; ``refused`` counts them all
         refused += len(undecodable)
         errors = sorted(errors + undecodable)
-        typer.echo(f"{path}: {accepted} imported, {refused} refused")
+        typer.echo(f"{path}: {accepted} imported, {refused} refused, "
+                   f"{duplicates} duplicates")
         for number, why in errors:
             typer.echo(f"  line {number}: {why}", err=True)
         if refused > len(errors):
@@ -86,6 +90,36 @@ def records_import(
         failed += refused
     if failed:
         raise typer.Exit(1)
+
+
+def pretuned_logs(target: Target | None) -> list[tuple[Path, list[str], list[tuple[int, str]]]]:
+    """The shipped TopHub logs as (path, lines, undecodable): with ``target``, only the
+    logs holding its records and, in them, only its lines (others left blank, so line
+    numbers stay those of the file)."""
+    logs = []
+    for path in sorted(TOPHUB_DIR.glob("*.log")):
+        lines, bad = read_log(path)
+        if target is not None:
+            lines = [line if _for_target(line, target) else "" for line in lines]
+            if not any(lines):
+                continue
+        logs.append((path, lines, bad))
+    if not logs:
+        fail(f"--target: no pretuned records for {target}; the shipped logs are for "
+             f"{', '.join(sorted(p.stem.split('_')[0] for p in TOPHUB_DIR.glob('*.log')))}",
+             code=1)
+    return logs
+
+
+def _for_target(line: str, target: Target) -> bool:
+    """Whether a log line is a record of ``target`` as the records filter reads it: its
+    kind, and its model when ``target`` names one."""
+    try:
+        record_target = Target.parse(json.loads(line)["input"][0])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False
+    return record_target.kind == target.kind and (
+        not target.option("model") or record_target.model == target.model)
 
 
 def read_log(path: Path) -> tuple[list[str], list[tuple[int, str]]]:
@@ -114,17 +148,8 @@ def records_export(
     """Print AutoTVM lines to stdout."""
     tgt = _target(target)
     if server:
-        client = _client(server, token)
-        if best:
-            sys.stdout.write(_check(client.get(f"/api/v1/logs/{tgt}")).text)
-            return
-
-        def page(offset: int) -> tuple[int, list[str]]:
-            body = _check(client.get("/api/v1/records", params={
-                "target": str(tgt), "limit": PAGE, "offset": offset})).json()
-            return body["total"], [json.dumps(item) for item in body["items"]]
-
-        _print_pages(page)
+        with _client(server, token) as client:
+            sys.stdout.write(client.pretuned_log(tgt) if best else client.export(tgt))
         return
     with _sessions(database_url)() as session:
         if best:
@@ -167,10 +192,9 @@ def records_best(
     tgt = _target(target)
     workload = load_workload(load_template(template), args, flag="--args")
     if server:
-        body = _check(_client(server, token).post("/api/v1/records/best", json={
-            "target": str(tgt), "workloads": [workload.model_dump(mode="json")]})).json()
-        item = body["items"][0]
-        rule, record = item["rule"], Record.from_json(item["record"]) if item["record"] else None
+        with _client(server, token) as client:
+            item = client.best([workload], tgt)[0]
+        rule, record = item.rule, Record.from_json(item.record) if item.record else None
     else:
         with _sessions(database_url)() as session:
             answer = svc.best(session, [workload], tgt)[0]

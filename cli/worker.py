@@ -7,7 +7,8 @@ import logging
 import typer
 
 from cli.common import check_server_url, fail
-from workers.agent import ServerRefused, WorkerAgent
+from tuner_client import ApiError, Unauthorized, Unavailable
+from workers.agent import WorkerAgent
 
 MAX_NAME = 128  # workers.name
 
@@ -46,9 +47,12 @@ def worker(
     agent.stop_on_signals()
     try:
         measured = agent.run(max_trials=max_trials)
-    except ServerRefused as err:
+    except ApiError as err:
+        if isinstance(err, Unavailable):
+            fail(f"{err}; the worker stopped (its leased trials return when their leases "
+                 f"expire)", code=1)
         hint = ("pass a worker token with --token or TUNER_TOKEN (tuner token create --role "
-                "worker)" if err.status in (401, 403) else "see the server's log")
+                "worker)" if isinstance(err, Unauthorized) else "see the server's log")
         fail(f"the server refused this worker: {err}; {hint}", code=1)
     except RuntimeError as err:
         fail(f"{err}; the worker stopped (its leased trials return when their leases "

@@ -35,10 +35,10 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from schemas import Record
+from schemas.api import FINAL
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 
 TUNER = Path(sys.executable).with_name("tuner")
-FINAL = ("done", "cancelled", "failed")
 # One conv on 4x4 images, 4 channels, 1x1 kernel: 18,000 configs, each kernel a PoCL
 # compile of ~0.3 s cold and ~0.03 s from PoCL's cache; timed once, checked against numpy.
 CONV = "conv2d_nchw.cuda"

@@ -277,7 +277,7 @@ def test_embedded_runs_reuse_one_token_pair(tmp_path: Path) -> None:
     are reused while the database has them; a revoked one is replaced."""
     from server_fixtures import migrate
 
-    from cli.tune import embedded_tokens, tokens_file
+    from tuner.embedded import embedded_tokens, tokens_file
     from tuner_server.db.session import make_engine, session_factory
     from tuner_server.services.tokens import list_tokens, lookup, revoke
 

@@ -60,6 +60,7 @@ from sqlalchemy import create_engine, update
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
+from schemas.api import FINAL
 from tuner_server.db.models import WorkerRow
 
 SKIP = browser_skip_reason()
@@ -80,7 +81,6 @@ LIVE_ARGS: list[Any] = [["TENSOR", [1, 64, 56, 56], "float32"],
                         ["TENSOR", [64, 64, 3, 3], "float32"],
                         [1, 1], [1, 1, 1, 1], [1, 1], "float32"]
 FAST = {"number": 1, "repeat": 1, "min_repeat_ms": 0}
-FINAL = ("done", "cancelled", "failed")
 LOAD_BOUND_MS = 3000.0  # generous: a shared 2-core machine; the target is < 500 ms
 LOAD_TARGET_MS = 500.0
 SHOTS_ENV = "TUNER_UPDATE_SCREENSHOTS"

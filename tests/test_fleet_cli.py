@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from cli import fleet
 from cli.main import app
 from schemas import MeasureErrorNo, MeasureResult
+from schemas.api import LeasedTrial
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -391,12 +392,12 @@ def test_a_server_that_is_not_a_tuner_is_exit_1(tmp_path: Path) -> None:
     """Some other web server at --server: a clear line, not a JSON or key error."""
     transport = httpx.MockTransport(lambda request: httpx.Response(200, text="<html>hi"))
     client = fleet.FleetClient("http://example.invalid", None)
-    client._http = httpx.Client(base_url="http://example.invalid", transport=transport)
+    client.api._http = httpx.Client(base_url="http://example.invalid", transport=transport)
     with pytest.raises(fleet.FleetError, match="did not answer JSON"):
         client.jobs()
     transport = httpx.MockTransport(lambda request: httpx.Response(404, json={
         "detail": "Not Found"}))
-    client._http = httpx.Client(base_url="http://example.invalid", transport=transport)
+    client.api._http = httpx.Client(base_url="http://example.invalid", transport=transport)
     with pytest.raises(fleet.FleetError, match="has no GET /api/v1/workers"):
         client.workers()
 
@@ -444,9 +445,8 @@ def test_agent_survives_a_trial_that_raises_and_deregisters(tmp_path: Path) -> N
         agent = WorkerAgent(server.url, server.tokens["worker"], name="agent-test",
                             wait_s=0.5)
         agent._measurer = FakeMeasurer()  # type: ignore[assignment]
-        bad = agent.measure_trial({"template": DENSE, "args": DENSE_ARGS,
-                                   "config": {"index": 0, "entity": []},
-                                   "measure": {"timeout_s": -1}})
+        bad = agent.measure_trial(LeasedTrial.model_validate(
+            {**_trial(1), "measure": {"timeout_s": -1}}))
         assert bad.error_no == MeasureErrorNo.INSTANTIATION_ERROR, bad
         assert bad.error_msg and "timeout_s" in bad.error_msg
         job_id = submit(server, n_trial=4)
@@ -555,7 +555,7 @@ class ScriptedServer:
         self.calls.append((request.method, path, request.headers.get("authorization", "")))
         self.bodies.append(json.loads(request.content) if request.content else None)
         key = f"{request.method} {path.rsplit('/', 1)[-1] if path.count('/') > 4 else path}"
-        script = self.answers.get(key) or [(200, {})]
+        script = self.answers.get(key) or [(200, _ok(request.method, path))]
         status, body = script.pop(0) if len(script) > 1 else script[0]
         return httpx.Response(status, json=body)
 
@@ -565,9 +565,26 @@ class ScriptedServer:
                 if path.endswith(suffix)]
 
 
+def _ok(method: str, path: str) -> dict[str, Any]:
+    """The answer of a worker call that the script leaves to succeed."""
+    tail = path.rsplit("/", 1)[-1]
+    if method == "DELETE":
+        return {"id": int(tail), "released": 0}
+    return {"heartbeat": {"extended": 1}, "release": {"released": 1},
+            "results": ACCEPTED}.get(tail, {})
+
+
+ACCEPTED = {"accepted": 1, "duplicates": 0}
+
+
 def _trial(trial_id: int) -> dict[str, Any]:
-    return {"trial_id": trial_id, "template": DENSE, "args": DENSE_ARGS,
-            "config": {"index": 0, "entity": []}, "measure": {"number": 1, "repeat": 1}}
+    return {"trial_id": trial_id, "task_id": 1, "template": DENSE, "args": DENSE_ARGS,
+            "config": {"index": 0, "entity": []}, "target": TARGET,
+            "measure": {"number": 1, "repeat": 1}, "lease_deadline": None}
+
+
+def _leased(*trial_ids: int, lease_seconds: float = 120.0) -> dict[str, Any]:
+    return {"trials": [_trial(i) for i in trial_ids], "lease_seconds": lease_seconds}
 
 
 def _scripted_agent(answers: dict[str, list[tuple[int, Any]]]) -> tuple[Any, ScriptedServer]:
@@ -575,7 +592,7 @@ def _scripted_agent(answers: dict[str, list[tuple[int, Any]]]) -> tuple[Any, Scr
 
     server = ScriptedServer(answers)
     agent = WorkerAgent("http://tuner.test", "bootstrap-token", name="scripted", wait_s=0)
-    agent._http = httpx.Client(base_url="http://tuner.test", transport=httpx.MockTransport(
+    agent._api._http = httpx.Client(base_url="http://tuner.test", transport=httpx.MockTransport(
         server), headers={"Authorization": "Bearer bootstrap-token"})
     agent._measurer = FakeMeasurer()  # type: ignore[assignment]
     agent._measurer.calls = 2  # past the trial that raises
@@ -589,9 +606,9 @@ def test_agent_rides_out_503_drops_a_409_and_deregisters() -> None:
     agent, server = _scripted_agent({
         "POST /api/v1/workers": [(503, {"detail": "database unavailable: test"}),
                                  (201, {"id": 7, "token": "tok-7"})],
-        "POST lease": [(200, {"trials": [_trial(1), _trial(2)]})],
+        "POST lease": [(200, _leased(1, 2))],
         "POST results": [(409, {"detail": "trial 1 is not leased to worker 7"}),
-                         (200, {"accepted": 1})],
+                         (200, ACCEPTED)],
     })
     assert agent.run(max_trials=2) == 2
     paths = [(m, p) for m, p, _ in server.calls]
@@ -608,14 +625,14 @@ def test_agent_whose_token_is_revoked_stops_saying_so(caplog: pytest.LogCaptureF
     this worker) stops the worker with one log line saying so: the error escapes the
     loop, which neither releases the lease nor deregisters (both would be refused);
     the leases expire and count as attempts."""
-    from workers.agent import ServerRefused
+    from tuner_client import Unauthorized
 
     agent, server = _scripted_agent({
         "POST /api/v1/workers": [(201, {"id": 8, "token": "tok-8"})],
-        "POST lease": [(200, {"trials": [_trial(1), _trial(2)]})],
+        "POST lease": [(200, _leased(1, 2))],
         "POST results": [(401, {"detail": "unknown token"})],
     })
-    with pytest.raises(ServerRefused):
+    with pytest.raises(Unauthorized):
         agent.run()
     methods = [(m, p.rsplit("/", 1)[-1]) for m, p, _ in server.calls]
     assert ("POST", "release") not in methods and ("DELETE", "8") not in methods, methods
@@ -629,11 +646,11 @@ def test_agent_drops_a_result_the_server_refuses_and_goes_on() -> None:
     a 404 on another trial's, drops the trial; the worker goes on and ends cleanly."""
     agent, server = _scripted_agent({
         "POST /api/v1/workers": [(201, {"id": 7, "token": "tok-7"})],
-        "POST lease": [(200, {"trials": [_trial(1), _trial(2), _trial(3)]})],
+        "POST lease": [(200, _leased(1, 2, 3))],
         "POST results": [(422, {"detail": "costs: must be finite"}),
                          (409, {"detail": "trial 1 is queued, not leased to worker 7"}),
                          (404, {"detail": "worker 7 is not registered"}),
-                         (200, {"accepted": 1})],
+                         (200, ACCEPTED)],
     })
     assert agent.run(max_trials=3) == 3
     reported = [body["results"][0] for body in server.sent("/results")]
@@ -650,8 +667,8 @@ def test_agent_registers_again_when_told_it_is_deregistered() -> None:
         "POST /api/v1/workers": [(201, {"id": 7, "token": "tok-7"}),
                                  (201, {"id": 9, "token": "tok-9"})],
         "POST lease": [(409, {"detail": "worker 7 deregistered; register again"}),
-                       (200, {"trials": [_trial(1)]})],
-        "POST results": [(200, {"accepted": 1})],
+                       (200, _leased(1))],
+        "POST results": [(200, ACCEPTED)],
     })
     assert agent.run(max_trials=1) == 1
     registrations = [auth for m, p, auth in server.calls if p == "/api/v1/workers"]
@@ -684,11 +701,11 @@ def test_agent_stops_measuring_a_trial_a_heartbeat_says_is_not_ours() -> None:
     for it; the other trial is measured and reported."""
     agent, server = _scripted_agent({
         "POST /api/v1/workers": [(201, {"id": 7, "token": "tok-7"})],
-        "POST lease": [(200, {"trials": [_trial(1), _trial(2)], "lease_seconds": 0.3})],
+        "POST lease": [(200, _leased(1, 2, lease_seconds=0.3))],
         "POST heartbeat": [(409, {"detail": "heartbeat refused: trial 1 is queued"}),
                            (409, {"detail": "heartbeat refused: trial 1 is queued"}),
                            (200, {"extended": 1})],
-        "POST results": [(200, {"accepted": 1})],
+        "POST results": [(200, ACCEPTED)],
     })
     agent._measurer = BlockingMeasurer()
     assert agent.run(max_trials=1) == 1
@@ -703,7 +720,7 @@ def test_a_stopping_agent_gives_up_reporting_after_about_a_lease(
     server's lease, then dropped (its lease expires), and the worker exits."""
     agent, server = _scripted_agent({
         "POST /api/v1/workers": [(201, {"id": 7, "token": "tok-7"})],
-        "POST lease": [(200, {"trials": [_trial(1)], "lease_seconds": 0.5})],
+        "POST lease": [(200, _leased(1, lease_seconds=0.5))],
         "POST results": [(503, {"detail": "database unavailable: test"})],
     })
 

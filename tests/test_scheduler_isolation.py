@@ -37,6 +37,7 @@ from schemas import (
     Target,
     Workload,
 )
+from schemas.api import JobRequest
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import DispatchQueue
 from tuner_server.queue.sql import SqlQueue
@@ -66,8 +67,8 @@ def sqlite_sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
 
 def _submit(session: Session, n_trial: int = 4, plan_size: int = 4,
             tasks: int = 1) -> int:
-    return jobs.submit(session, jobs.JobSpec(
-        target=Target.parse(TARGET), workloads=[Workload(template=DENSE, args=DENSE_ARGS)] * tasks,
+    return jobs.submit(session, JobRequest(
+        target=Target.parse(TARGET), tasks=[Workload(template=DENSE, args=DENSE_ARGS)] * tasks,
         n_trial=n_trial, plan_size=plan_size))
 
 
@@ -248,8 +249,8 @@ def test_tasks_and_jobs_whose_trials_all_failed_end_failed_with_counts(
             "failed", "all 3 trials failed: 3 x error 5 (WRONG_ANSWER)")
         shown = jobs.describe(session, half, lease_s=120.0)
         assert shown is not None
-        assert [t["error"] for t in shown["tasks"]] == [first.error, None]
-        assert jobs.describe(session, single, lease_s=120.0)["error"] == job.error  # type: ignore[index]
+        assert [t.error for t in shown.tasks] == [first.error, None]
+        assert jobs.describe(session, single, lease_s=120.0).error == job.error  # type: ignore[union-attr]
 
 
 def test_a_job_no_live_worker_serves_says_so(sessions: sessionmaker[Session]) -> None:
@@ -266,9 +267,11 @@ def test_a_job_no_live_worker_serves_says_so(sessions: sessionmaker[Session]) ->
 
     def shown(lease_s: float = 120.0) -> dict[str, Any]:
         with sessions() as session:
-            listed = {j["id"]: j for j in jobs.list_jobs(session, lease_s=lease_s)}
-            item = jobs.describe(session, job_id, lease_s=lease_s)
-            assert item is not None
+            listed = {j.id: j.model_dump(mode="json")
+                      for j in jobs.list_jobs(session, lease_s=lease_s)}
+            view = jobs.describe(session, job_id, lease_s=lease_s)
+            assert view is not None
+            item = view.model_dump(mode="json")
             assert {k: listed[job_id][k] for k in ("waiting_for_worker", "note")} == \
                 {k: item[k] for k in ("waiting_for_worker", "note")}
             return item

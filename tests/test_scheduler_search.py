@@ -12,6 +12,7 @@ from sqlalchemy import select
 
 from compiler.templates import get_template
 from schemas import Config, Target, Workload
+from schemas.api import JobRequest
 from tuner_server.db.models import TaskRow, TrialRow
 from tuner_server.db.session import make_engine, session_factory, upgrade
 from tuner_server.queue.sql import SqlQueue
@@ -36,7 +37,7 @@ def test_lgbm_job_warm_starts_from_tophub_records(tmp_path: Path) -> None:
     with sessions.begin() as session:
         report = records.import_lines(session, log.read_text().splitlines())
         assert report.accepted > 500
-        job_id = jobs.submit(session, jobs.JobSpec(target=TARGET, workloads=[WORKLOAD],
+        job_id = jobs.submit(session, JobRequest(target=TARGET, tasks=[WORKLOAD],
                                                    n_trial=20, tuner="lgbm", plan_size=16))
     state = SearchState()
     with sessions.begin() as session:

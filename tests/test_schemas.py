@@ -466,3 +466,44 @@ def test_first_problem_is_loc_and_message() -> None:
         Target.parse("cuda -model=\ud800")
     assert first_problem(info.value) == ("target 'cuda -model=\\ud800' contains the lone "
                                          "surrogate '\\ud800'")
+
+
+# --------------------------------------------------------------------------- the wire contract
+
+def test_states_are_the_strings_stored_and_sent() -> None:
+    from schemas.api import ACTIVE, FINAL, JobStatus, TaskStatus, TrialStatus
+
+    assert [s.value for s in JobStatus] == ["queued", "running", "done", "cancelled", "failed"]
+    assert TaskStatus is JobStatus  # a task lives a job's states: one final set
+    assert [s.value for s in TrialStatus] == ["queued", "leased", "done", "cancelled"]
+    assert FINAL == {"done", "cancelled", "failed"} and ACTIVE == {"queued", "running"}
+    assert {s for s in JobStatus if s.final} == FINAL and not FINAL & ACTIVE
+    assert "done" in FINAL and JobStatus("failed").final and not JobStatus.RUNNING.final
+    assert json.dumps({"status": JobStatus.DONE}) == '{"status": "done"}'
+    assert f"{TrialStatus.LEASED}" == "leased"
+
+
+def test_wire_models_keep_the_apis_field_names() -> None:
+    from schemas.api import ImportResponse, LeaseAnswer, TrialIds, TrialResult
+
+    answer = LeaseAnswer.model_validate({"trials": [{
+        "trial_id": 3, "task_id": 1, "template": "dense_small_batch.gpu", "args": [],
+        "config": {"index": 0, "code_hash": None, "entity": []}, "target": "cuda",
+        "measure": {"number": 1}, "lease_deadline": 12.5}], "lease_seconds": 120})
+    assert answer.trials[0].measure == {"number": 1}  # raw: the worker reports a bad one
+    assert set(answer.model_dump()) == {"trials", "lease_seconds"}
+    assert ImportResponse.model_validate(
+        {"accepted": 1, "refused": 1, "errors": [{"line": 2, "error": "bad"}]}).duplicates == 0
+    with pytest.raises(ValidationError, match="trial_ids"):
+        TrialIds(trial_ids=[2**31])  # an INTEGER column's range, refused as a 422
+    with pytest.raises(ValidationError, match="costs"):
+        TrialResult.model_validate({"trial_id": 1, "result": {
+            "costs": [], "error_no": 0, "all_cost": 0.1, "timestamp": 1.0}})
+
+
+def test_the_default_tuner_is_one_the_server_has() -> None:
+    from schemas.api import DEFAULT_TUNER
+    from tuner_server.search import TUNERS
+
+    assert DEFAULT_TUNER in TUNERS
+

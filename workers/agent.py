@@ -1,4 +1,5 @@
-"""The worker loop: register, lease trials, measure each in an isolated child, report.
+"""The worker loop: register, lease trials, measure each in an isolated child, report,
+all through ``tuner_client``.
 
 A kernel that hangs or crashes costs one trial (error 7 or 4) because measuring runs in
 a child process; a trial that cannot even be set up (bad options, a config that does not
@@ -23,37 +24,40 @@ import signal
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
 
-import httpx
 from pydantic import ValidationError
 
 from compiler.runtime.isolate import IsolatedMeasurer
 from compiler.runtime.measure import MeasureRequest
 from schemas import Config, MeasureErrorNo, MeasureOptions, MeasureResult, Workload
+from schemas.api import LeasedTrial, TrialResult, WorkerRegistration
 from schemas.text import first_problem, one_line
+from tuner_client import (
+    ApiError,
+    Conflict,
+    Invalid,
+    TunerClient,
+    Unauthorized,
+    Unavailable,
+)
 
 log = logging.getLogger("tuner.worker")
 
 MAX_MESSAGE = 2000  # characters of an exception's text reported with a failed trial
 MAX_500 = 5  # results the server failed on (500) this often are dropped, not retried
 DEFAULT_LEASE_S = 120.0  # the server's default lease, until its first lease answer says
+REQUEST_TIMEOUT_S = 30.0  # per request; a lease adds its long-poll wait
+
+T = TypeVar("T")
 
 
-class ServerRefused(RuntimeError):
-    """The server answered 4xx: retrying the same request would not help."""
-
-    def __init__(self, path: str, status: int, detail: str) -> None:
-        super().__init__(f"{path}: {status} {detail}")
-        self.status = status
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500]
-    return str(body.get("detail", body))[:500] if isinstance(body, dict) else str(body)[:500]
+def _outage(err: ApiError) -> bool:
+    """The server is down or failing (no answer, any 5xx): the same request may succeed
+    later. Anything else is a refusal that retrying would not change."""
+    return isinstance(err, Unavailable) or (err.status or 0) >= 500
 
 
 class WorkerAgent:
@@ -61,8 +65,9 @@ class WorkerAgent:
                  name: str | None = None, batch: int = 1, wait_s: float = 10.0,
                  heartbeat_s: float = 10.0, extra_modules: tuple[str, ...] = ()) -> None:
         self._token = token  # registers; the answer's token does the rest
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=server, headers=headers, timeout=wait_s + 30)
+        # No retries in the client: the agent's own loop (_call) retries for as long as
+        # it serves, and stops retrying the moment it is told to stop.
+        self._api = TunerClient(server, token, timeout=REQUEST_TIMEOUT_S, retries=0)
         self._measurer = IsolatedMeasurer(device, extra_modules=extra_modules)
         self._name = name or f"{socket.gethostname()}:{device or 'default'}"
         self._batch, self._wait_s, self._heartbeat_s = batch, wait_s, heartbeat_s
@@ -77,56 +82,56 @@ class WorkerAgent:
         self.worker_id: int | None = None
         self.measured = 0
 
-    # -- HTTP with retries: the server may restart under us ---------------------------
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
-              retry: bool = True, headers: dict[str, str] | None = None) -> Any:
-        """The answer's JSON; retries a server that is down or overloaded. Raises
-        :class:`ServerRefused` for a 4xx, RuntimeError when it gives up: at once without
-        ``retry``; while stopping, at once but for results and releases, which are
-        retried for about a lease after the first failure (then the lease expires)."""
+    # -- retries: the server may restart under us -------------------------------------
+    def _call(self, request: Callable[[], T], retry: bool = True,
+              report: bool = False) -> T:
+        """``request()``'s answer, retried with backoff while the server is down or
+        failing (:func:`_outage`); a refusal (4xx, an answer that is not the API's) is
+        raised at once. The outage is raised: at once without ``retry``; while stopping,
+        at once but for a ``report`` (a result), which is retried for about a lease after
+        the first failure (then its lease expires); and for a ``report`` after
+        :data:`MAX_500` 500s (a server that fails on this very body, not one that is
+        down)."""
         delay = 0.2
-        errors = 0  # 500s: a server that fails on this very body, not one that is down
+        errors = 0
         while True:
             try:
-                response = self._http.request(method, path, json=body, headers=headers)
-                if response.status_code < 500:
-                    if response.is_error:
-                        raise ServerRefused(path, response.status_code, _detail(response))
-                    return response.json()
-                reason = f"{response.status_code} {_detail(response)[:200]}"
-                errors += response.status_code == 500
-                if errors >= MAX_500 and path.endswith("/results"):
-                    raise ServerRefused(path, 500, _detail(response))
-            except httpx.TransportError as err:
-                reason = str(err) or type(err).__name__
-            if not retry or (self.stopping.is_set() and not path.endswith(("/results",
-                                                                            "/release"))):
-                raise RuntimeError(f"{path}: {reason}")
-            if self.stopping.is_set():
-                if self._give_up_at is None:
-                    self._give_up_at = time.time() + self._lease_s
-                if time.time() >= self._give_up_at:
-                    raise RuntimeError(f"{path}: {reason}; given up, stopping")
+                return request()
+            except ApiError as err:
+                if not _outage(err):
+                    raise
+                errors += err.status == 500
+                if not retry or (self.stopping.is_set() and not report):
+                    raise
+                if report and errors >= MAX_500:
+                    raise
+                if self.stopping.is_set():
+                    if self._give_up_at is None:
+                        self._give_up_at = time.time() + self._lease_s
+                    if time.time() >= self._give_up_at:
+                        raise
+                reason = f"{err.status} {err.detail[:200]}" if err.status else err.detail
             log.warning("server unavailable (%s); retrying in %.1f s", reason, delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
-
-    def _post(self, path: str, body: dict[str, Any], retry: bool = True) -> Any:
-        return self._call("POST", path, body, retry)
 
     def register(self) -> int:
         """Register with the token given (a fleet's bootstrap token may only do this) and
         use the token the answer hands back, which speaks for this worker alone."""
         info = self._measurer.start()
-        body = {"name": self._name, "target": str(info.target),
-                "limits": info.limits.model_dump(), "device": info.name[:255] or None}
-        auth = {"Authorization": f"Bearer {self._token}"} if self._token else None
-        answer = self._call("POST", "/api/v1/workers", body, headers=auth)
-        self.worker_id = int(answer["id"])
-        token = answer.get("token", self._token)
-        if token:
-            self._http.headers["Authorization"] = f"Bearer {token}"
+        registration = WorkerRegistration(name=self._name, target=info.target,
+                                          limits=info.limits, device=info.name[:255] or None)
+        self._api.use_token(self._token)  # registering again: not the revoked one
+        answer = self._call(lambda: self._api.register_worker(registration))
+        self.worker_id = answer.id
+        self._api.use_token(answer.token)
         log.info("registered as worker %s for %s (%s)", self.worker_id, info.target, info.name)
+        return self.worker_id
+
+    def _worker(self) -> int:
+        """This worker's id (it registers before anything else is asked)."""
+        if self.worker_id is None:
+            raise RuntimeError("the worker is not registered")
         return self.worker_id
 
     def _heartbeats(self) -> None:
@@ -144,18 +149,16 @@ class WorkerAgent:
         """Extend these leases. A 409 (nothing extended) means some are no longer ours
         (requeued after an expiry, measured by another): beat them one by one to learn
         which, and drop those."""
+        worker_id = self._worker()
         try:
-            self._post(f"/api/v1/workers/{self.worker_id}/heartbeat",
-                       {"trial_ids": trial_ids}, retry=False)
-        except ServerRefused as err:
-            if err.status != 409:
-                log.warning("heartbeat refused: %s", err)
-            elif len(trial_ids) == 1:
+            self._call(lambda: self._api.heartbeat(worker_id, trial_ids), retry=False)
+        except Conflict as err:
+            if len(trial_ids) == 1:
                 self._drop(trial_ids[0], err)
             else:
                 for trial_id in trial_ids:
                     self._beat([trial_id])
-        except RuntimeError as err:
+        except ApiError as err:
             log.warning("heartbeat failed: %s", err)
 
     def _drop(self, trial_id: int, err: Exception) -> None:
@@ -196,28 +199,27 @@ class WorkerAgent:
             if max_trials is not None and self.measured >= max_trials:
                 return
             try:
-                leased = self._post(f"/api/v1/workers/{self.worker_id}/lease",
-                                    {"max_trials": self._batch, "wait_s": self._wait_s})
-            except RuntimeError as err:
+                leased = self._call(partial(self._api.lease, self._worker(), self._batch,
+                                            self._wait_s))
+            except ApiError as err:
                 if self.stopping.is_set():
                     return
-                if isinstance(err, ServerRefused) and err.status == 409:
+                if isinstance(err, Conflict):
                     # "deregistered; register again" (or a row that no longer parses)
                     log.warning("%s: registering again", err)
                     self.register()
                     continue
                 raise
-            trials = leased["trials"]
-            if "lease_seconds" in leased:  # beat well inside the server's lease
-                self._lease_s = float(leased["lease_seconds"])
-                self._heartbeat_s = min(self._heartbeat_s, self._lease_s / 3)
+            trials = leased.trials
+            self._lease_s = leased.lease_seconds  # beat well inside the server's lease
+            self._heartbeat_s = min(self._heartbeat_s, self._lease_s / 3)
             if not trials:
                 if idle_exit_s is not None and time.time() - idle_since > idle_exit_s:
                     return
                 continue
             idle_since = time.time()
             with self._lock:
-                self._held = [t["trial_id"] for t in trials]
+                self._held = [t.trial_id for t in trials]
                 self._dropped = set()
             for trial in trials:
                 if self.stopping.is_set():
@@ -225,24 +227,24 @@ class WorkerAgent:
                 self._measure_and_report(trial)
             self._release_held()
 
-    def measure_trial(self, trial: dict[str, Any]) -> MeasureResult:
+    def measure_trial(self, trial: LeasedTrial) -> MeasureResult:
         """The trial's result; whatever goes wrong becomes an AutoTVM error number."""
         try:
             request = MeasureRequest(
-                template=trial["template"],
-                workload=Workload(template=trial["template"], args=trial["args"]),
-                config=Config.model_validate(trial["config"]),
-                options=MeasureOptions.model_validate(trial["measure"]),
+                template=trial.template,
+                workload=Workload(template=trial.template, args=tuple(trial.args)),
+                config=Config.model_validate(trial.config),
+                options=MeasureOptions.model_validate(trial.measure),
             )
-        except (ValidationError, KeyError, TypeError, ValueError) as err:
+        except (ValidationError, TypeError, ValueError) as err:
             return MeasureResult.failure(MeasureErrorNo.INSTANTIATION_ERROR,
                                          f"cannot set up the trial: {_text(err)}")
         try:
             return self._measurer.measure(request)
         except Exception as err:
             # killed on purpose (Ctrl-C, no longer ours): not worth a traceback
-            if not (self._aborted or self._no_longer_ours(trial.get("trial_id"))):
-                log.exception("measuring trial %s raised", trial.get("trial_id"))
+            if not (self._aborted or self._no_longer_ours(trial.trial_id)):
+                log.exception("measuring trial %s raised", trial.trial_id)
             self._measurer.close()  # its state is unknown: the next trial starts a fresh one
             error_no = (MeasureErrorNo.INSTANTIATION_ERROR
                         if isinstance(err, (OverflowError, ValidationError))
@@ -250,17 +252,17 @@ class WorkerAgent:
             return MeasureResult.failure(error_no, f"the worker could not measure it: "
                                                    f"{_text(err)}")
 
-    def _no_longer_ours(self, trial_id: Any) -> bool:
+    def _no_longer_ours(self, trial_id: int) -> bool:
         with self._lock:
             return trial_id in self._dropped
 
-    def _measure_and_report(self, trial: dict[str, Any]) -> None:
-        trial_id = trial["trial_id"]
+    def _measure_and_report(self, trial: LeasedTrial) -> None:
+        trial_id = trial.trial_id
         with self._lock:
             if trial_id in self._dropped:  # a heartbeat learned it is no longer ours
                 return
             self._current = trial_id
-        log.info("measuring trial %s (%s)", trial_id, trial.get("template"))
+        log.info("measuring trial %s (%s)", trial_id, trial.template)
         try:
             result = self.measure_trial(trial)
         finally:
@@ -280,60 +282,60 @@ class WorkerAgent:
         this worker's token was revoked, stops the worker (raised). Stopping, a server
         still down after about a lease is given up on: the result is dropped."""
         info = {"device": self._measurer.device_info.name} if self._measurer.device_info else {}
-        path = f"/api/v1/workers/{self.worker_id}/results"
+        worker_id = self._worker()
 
         def post(measured: MeasureResult) -> None:
-            self._post(path, {"results": [{"trial_id": trial_id, "info": info,
-                                           "result": measured.model_dump(mode="json")}]})
+            results = [TrialResult(trial_id=trial_id, result=measured, info=info)]
+            self._call(lambda: self._api.report_results(worker_id, results), report=True)
 
         try:
             try:
                 post(result)
-            except ServerRefused as err:
-                if not (err.status == 422 and result.ok):
+            except (Invalid, ValidationError) as err:  # the server's rule, checked here too
+                if not result.ok:
                     raise
+                why = err if isinstance(err, Invalid) else _text(err)
                 log.error("trial %s: the server refused its result (%s); reporting it failed",
-                          trial_id, err)
+                          trial_id, why)
                 post(MeasureResult.failure(MeasureErrorNo.UNKNOWN_ERROR,
-                                           f"the server refused the result: {err}"))
-        except ServerRefused as err:
-            if err.status in (401, 403):
-                log.error("the server no longer accepts this worker's token (%s): it was "
-                          "revoked, or another process registered as this worker; stopping "
-                          "(leased trials return when their leases expire)", err)
-                raise
-            if err.status == 409:  # no longer ours (lease expired, job cancelled)
-                log.warning("trial %s is no longer leased to this worker; dropped (%s)",
-                            trial_id, err)
+                                           f"the server refused the result: {why}"))
+        except Unauthorized as err:
+            log.error("the server no longer accepts this worker's token (%s): it was "
+                      "revoked, or another process registered as this worker; stopping "
+                      "(leased trials return when their leases expire)", err)
+            raise
+        except Conflict as err:  # no longer ours (lease expired, job cancelled)
+            log.warning("trial %s is no longer leased to this worker; dropped (%s)",
+                        trial_id, err)
+        except ApiError as err:
+            if self.stopping.is_set() and _outage(err):
+                log.error("trial %s: its result could not be reported while stopping; "
+                          "dropped (its lease expires): %s", trial_id, err)
             else:
                 log.error("trial %s: the server did not store its result; dropped (%s)",
                           trial_id, err)
-        except RuntimeError as err:
-            if not self.stopping.is_set():
-                raise
-            log.error("trial %s: its result could not be reported while stopping; dropped "
-                      "(its lease expires): %s", trial_id, err)
 
     def _release_held(self) -> None:
         with self._lock:
             held, self._held = list(self._held), []
         if held and self.worker_id is not None:
+            worker_id = self.worker_id
             try:
-                self._post(f"/api/v1/workers/{self.worker_id}/release", {"trial_ids": held},
-                           retry=False)
-            except RuntimeError as err:
+                self._call(lambda: self._api.release(worker_id, held), retry=False)
+            except ApiError as err:
                 log.warning("could not return %d trials (their leases will expire): %s",
                             len(held), err)
 
     def deregister(self) -> None:
         """Tell the server this worker is gone, so it no longer shows alive."""
-        if self.worker_id is None:
+        worker_id = self.worker_id
+        if worker_id is None:
             return
         try:
-            self._call("DELETE", f"/api/v1/workers/{self.worker_id}", retry=False)
-            log.info("deregistered worker %s", self.worker_id)
-        except RuntimeError as err:
-            log.warning("could not deregister worker %s: %s", self.worker_id, err)
+            self._call(lambda: self._api.deregister(worker_id), retry=False)
+            log.info("deregistered worker %s", worker_id)
+        except ApiError as err:
+            log.warning("could not deregister worker %s: %s", worker_id, err)
 
     def abort(self) -> None:
         """Stop now (Ctrl-C): kill the trial being measured, report nothing more; the run

@@ -1,5 +1,6 @@
-"""The fallback chain: AutoTVM's ApplyHistoryBest (this device, then other devices by
-target key, cheapest first) plus a validity check, then the template's default config."""
+"""The fallback chain: the one ApplyHistoryBest rule (``compiler.templates.history``:
+this device, then other devices by target key, cheapest first, only configs that decode
+and fit), then the template's default config."""
 
 from __future__ import annotations
 
@@ -8,16 +9,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from compiler.records.source import Candidate, RecordSource
-from compiler.templates import ConfigError, get_template
+from compiler.templates import get_template
+from compiler.templates.history import (
+    NOT_IN_SPACE,
+    OTHER_DEVICE,
+    OVER_LIMITS,
+    THIS_DEVICE,
+    Ranked,
+    Stored,
+    cost_of,
+    pick,
+)
+from compiler.templates.history import rank as rank_stored
 from schemas import Config, DeviceLimits, Record, Target, Workload
 
-THIS_DEVICE = "this device"
-OTHER_DEVICE = "other device"
 DEFAULT = "default"
 SOURCES = (THIS_DEVICE, OTHER_DEVICE, DEFAULT)
 
-NOT_IN_SPACE = "not in config space"
-OVER_LIMITS = "over device limits"
+__all__ = ["DEFAULT", "NOT_IN_SPACE", "OTHER_DEVICE", "OVER_LIMITS", "SOURCES", "THIS_DEVICE",
+           "Choice", "Rejection", "choose_configs", "choose_one", "rank"]
 
 
 @dataclass(frozen=True)
@@ -59,71 +69,35 @@ class Choice:
         return dict(Counter(r.reason for r in self.rejected))
 
 
-def _same_device(record: Target, target: Target) -> bool:
-    """Same kind and -model; a target without a model has no "this device" records."""
-    return record.kind == target.kind and target.model != "unknown" and (
-        record.model == target.model)
-
-
-@dataclass(frozen=True)
-class Ranked:
-    """A candidate placed in its tier: ``source`` and, for other devices, the key matched."""
-
-    source: str
-    key: str | None
-    candidate: Candidate
-
-
-def rank(candidates: Sequence[Candidate], target: Target) -> list[Ranked]:
-    """Candidates in the order ApplyHistoryBest would try them: this device,
-    then each of ``target.keys`` in order; cheapest first in each tier, ties keep the
-    earlier candidate; failed measurements and records sharing no key are left out;
-    a record offered twice (server answer and pretuned log) counts once."""
+def rank(candidates: Sequence[Candidate], target: Target) -> list[Ranked[Candidate]]:
+    """Candidates in the order ApplyHistoryBest tries them (``history.rank``); a record
+    offered twice (server answer and pretuned log) counts once, where first offered."""
     seen: set[str] = set()
-    usable: list[Candidate] = []
+    entries: list[Stored[Candidate]] = []
     for cand in candidates:
         line = cand.record.to_line()
-        if cand.record.result.ok and line not in seen:
+        if line not in seen:
             seen.add(line)
-            usable.append(cand)
-    usable.sort(key=lambda c: c.record.result.mean_cost)
-    ranked: list[Ranked] = []
-    taken: set[int] = set()
-    for i, cand in enumerate(usable):
-        if _same_device(cand.record.target, target):
-            ranked.append(Ranked(THIS_DEVICE, None, cand))
-            taken.add(i)
-    for key in target.keys:
-        for i, cand in enumerate(usable):
-            if i not in taken and key in cand.record.target.keys:
-                ranked.append(Ranked(OTHER_DEVICE, key, cand))
-                taken.add(i)
-    return ranked
+            result = cand.record.result
+            entries.append(Stored(cand, cand.record.target, cost_of(result),
+                                  int(result.error_no)))
+    return rank_stored(entries, target)
 
 
 def choose_one(workload: Workload, candidates: Sequence[Candidate], target: Target,
-               limits: DeviceLimits) -> Choice:
-    """The first ranked candidate that decodes in the template's space and fits
-    ``limits``; else the template's default config."""
+               limits: DeviceLimits | None) -> Choice:
+    """The rule's winner among ``candidates`` (``limits`` None: not checked, as the
+    server's records/best does); else the template's default config."""
     template = get_template(workload.template)
-    rejected: list[Rejection] = []
-    for ranked in rank(candidates, target):
-        cand = ranked.candidate
-        record = cand.record
-        try:
-            template.decode(workload, record.config)
-        except ConfigError as err:
-            rejected.append(Rejection(record.target, cand.origin, NOT_IN_SPACE, str(err)))
-            continue
-        problems = template.check_limits(workload, record.config, limits)
-        if problems:
-            rejected.append(Rejection(record.target, cand.origin, OVER_LIMITS,
-                                      "; ".join(problems)))
-            continue
-        return Choice(workload, template.name, record.config, ranked.source, record,
-                      cand.origin, ranked.key, tuple(rejected))
-    return Choice(workload, template.name, template.default_config(workload), DEFAULT, None,
-                  None, None, tuple(rejected))
+    verdict = pick(workload, rank(candidates, target), lambda c: c.record.config, limits)
+    rejected = tuple(Rejection(r.ranked.item.record.target, r.ranked.item.origin, r.reason,
+                               r.detail) for r in verdict.rejected)
+    if verdict.winner is None:
+        return Choice(workload, template.name, template.default_config(workload), DEFAULT,
+                      None, None, None, rejected)
+    won = verdict.winner
+    return Choice(workload, template.name, won.item.record.config, won.source, won.item.record,
+                  won.item.origin, won.key, rejected)
 
 
 def choose_configs(workloads: Sequence[Workload], source: RecordSource | None,

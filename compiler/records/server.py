@@ -5,13 +5,11 @@ build) so that a build with the server down chooses what it chose online."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import quote
-
-import httpx
+from typing import Literal, TypeVar
 
 from compiler.records.cache import CachedLog, LogCache, format_age
 from compiler.records.memory import parse_log
@@ -23,9 +21,12 @@ from compiler.records.source import (
     RecordsWarning,
 )
 from schemas import Record, Target, Workload
+from schemas.api import MAX_BEST_WORKLOADS
+from tuner_client import ApiError, BadAnswer, TunerClient, Unavailable
+from tuner_client.client import API
 
-# POST /api/v1/records/best takes at most this many workloads a request.
-_BEST_BATCH = 1000  # the server's limit per records/best request
+T = TypeVar("T")
+
 # Workloads never cached named in the offline warning; the rest are only counted.
 _SHOWN_MISSING = 5
 
@@ -56,7 +57,8 @@ class LogFetch:
 
 
 class ServerSource(RecordSource):
-    """A tuner server over HTTP (the compiler never imports the server's code)."""
+    """A tuner server over HTTP, through ``tuner_client`` (the compiler never imports the
+    server's code)."""
 
     def __init__(self, url: str, token: str | None = None, cache_dir: Path | None = None,
                  timeout: float = 10.0) -> None:
@@ -71,19 +73,19 @@ class ServerSource(RecordSource):
 
     def candidates(self, workloads: Sequence[Workload], target: Target) -> list[Candidate]:
         unique = list({w.key: w for w in workloads}.values())
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        with httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout) as client:
+        # No retries: an outage falls back to the cache at once.
+        with TunerClient(self.url, self.token, timeout=self.timeout, retries=0) as api:
             try:
-                log, origin = self._pretuned_log(client, target)
+                log, origin = self._pretuned_log(api, target)
             except _Unreachable as err:
                 log, origin, outage = self._offline_log(target, str(err))
                 fresh: dict[str, Record | None] = {}
                 failure: str | None = outage
             else:
-                fresh, failure = self._best(client, unique, target)
+                fresh, failure = self._best(api, unique, target)
         if fresh:
             self.cache.save_answers(self.url, target, fresh)
-        online = f"{self.url}/api/v1/records/best"
+        online = f"{self.url}{API}/records/best"
         best = [Candidate(r, online) for r in fresh.values() if r is not None]
         if failure is not None:
             best += self._cached_best([w for w in unique if w.key not in fresh], target,
@@ -93,29 +95,26 @@ class ServerSource(RecordSource):
                     if r.workload.key in wanted]
         return best + pretuned
 
-    def _best(self, client: httpx.Client, unique: Sequence[Workload],
+    def _best(self, api: TunerClient, unique: Sequence[Workload],
               target: Target) -> tuple[dict[str, Record | None], str | None]:
         """Server-side ApplyHistoryBest, by workload key (None: no record): it may offer
         another device's record the pretuned log (this model only) lacks. On an outage,
-        the answers had so far and why the rest are missing."""
+        the answers had so far (asked a batch at a time) and why the rest are missing."""
         fresh: dict[str, Record | None] = {}
-        for start in range(0, len(unique), _BEST_BATCH):
-            body = {"target": str(target),
-                    "workloads": [w.model_dump(mode="json")
-                                  for w in unique[start:start + _BEST_BATCH]]}
+        where = f"{self.url}{API}/records/best"
+        for start in range(0, len(unique), MAX_BEST_WORKLOADS):
             try:
-                response = self._send(client, "POST", "/api/v1/records/best", json=body)
+                items = _checked(partial(api.best, target,
+                                         unique[start:start + MAX_BEST_WORKLOADS]))
+                for item in items:
+                    fresh[item.workload.key] = (None if item.record is None
+                                                else Record.from_json(item.record))
             except _Unreachable as err:
-                return fresh, f"{self.url}/api/v1/records/best: {err}"
-            try:
-                for item in response.json()["items"]:
-                    key = Workload.model_validate(item["workload"]).key
-                    fresh[key] = (None if item["record"] is None
-                                  else Record.from_json(item["record"]))
-            except (ValueError, KeyError, TypeError) as err:  # JSON, pydantic, record format
+                return fresh, f"{where}: {err}"
+            except (BadAnswer, ValueError, TypeError) as err:  # the body, the record format
                 raise RecordsServerError(
-                    f"{self.url}/api/v1/records/best: not a best-records answer "
-                    f"({type(err).__name__}: {err}); is this a tuner server?") from None
+                    f"{where}: not a best-records answer ({type(err).__name__}: {err}); "
+                    "is this a tuner server?") from None
         return fresh, None
 
     def _cached_best(self, asked: Sequence[Workload], target: Target,
@@ -143,21 +142,19 @@ class ServerSource(RecordSource):
         return [Candidate(a.record, f"{path} (cached, {format_age(a.age())} old)")
                 for a in hits if a.record is not None]
 
-    def _pretuned_log(self, client: httpx.Client, target: Target) -> tuple[CachedLog, str]:
-        """The log and the origin to report, revalidated with If-None-Match; raises
+    def _pretuned_log(self, api: TunerClient, target: Target) -> tuple[CachedLog, str]:
+        """The log and the origin to report, revalidated with its ETag; raises
         _Unreachable when the server cannot be reached."""
         cached = self.cache.load(self.url, target)
-        path = f"/api/v1/logs/{quote(str(target), safe='=,')}"
-        headers = {"If-None-Match": cached.etag} if cached and cached.etag else {}
-        response = self._send(client, "GET", path, headers=headers)
+        fetched = _checked(lambda: api.pretuned_log(target, cached.etag if cached else None))
         state: LogState
-        if response.status_code == 304 and cached is not None:
+        if fetched.text is None and cached is not None:
             cached, state = self.cache.confirm(cached), "not modified"
         else:
-            cached, state = self.cache.save(self.url, target, response.text,
-                                            response.headers.get("ETag")), "downloaded"
+            cached, state = self.cache.save(self.url, target, fetched.text or "",
+                                            fetched.etag), "downloaded"
         self._note(target, state, cached)
-        return cached, f"{self.url}/api/v1/logs/{target}"
+        return cached, f"{self.url}{API}/logs/{target}"
 
     def _offline_log(self, target: Target, err: str) -> tuple[CachedLog, str, str]:
         """The cached log as is, its origin, and the outage to warn about."""
@@ -180,19 +177,17 @@ class ServerSource(RecordSource):
                       if line.strip() and not line.lstrip().startswith("#"))
         self.last_fetch = LogFetch(target, state, cached.path, cached.age(), records)
 
-    def _send(self, client: httpx.Client, method: str, path: str,
-              headers: dict[str, str] | None = None, json: Any = None) -> httpx.Response:
-        try:
-            response = client.request(method, path, headers=headers, json=json)
-        except httpx.TransportError as err:
-            raise _Unreachable(f"{type(err).__name__}: {err}") from None
-        if response.status_code >= 500:
-            raise _Unreachable(f"HTTP {response.status_code}")
-        if response.is_error:
-            try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
-                detail = response.text
-            raise RecordsServerError(
-                f"{method} {self.url}{path}: server answered {response.status_code}: {detail}")
-        return response
+
+def _checked(request: Callable[[], T]) -> T:
+    """``request()``'s answer. An outage (no answer, any 5xx) raises :class:`_Unreachable`
+    (the cache may stand in); any other refusal (a bad token, a bad request) raises
+    :class:`RecordsServerError`: a user error, not an outage."""
+    try:
+        return request()
+    except BadAnswer:
+        raise
+    except ApiError as err:
+        if isinstance(err, Unavailable) or (err.status or 0) >= 500:
+            raise _Unreachable(f"HTTP {err.status}" if err.status else err.detail) from None
+        raise RecordsServerError(f"{err.method} {err.url}{err.path}: server answered "
+                                 f"{err.status}: {err.detail}") from None

@@ -4,22 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import Field
 from sqlalchemy.orm import Session
 
+from schemas.api import MAX_ID, ErrorBody
 from tuner_server.services.tokens import lookup
 
 _bearer = HTTPBearer(auto_error=False)
 
-# Ids are INTEGER columns (32 bits on PostgreSQL). A larger number matches nothing, and
-# binding it overflows the driver (a 500), so the API refuses it as a 422 naming the field.
-MAX_ID = 2**31 - 1
+# An id in a path, bounded like the contract's body ids (schemas.api.MAX_ID).
 PathId = Annotated[int, Path(ge=1, le=MAX_ID)]
-BodyId = Annotated[int, Field(ge=1, le=MAX_ID)]
+
+# The refusals a route may answer, for the OpenAPI document: each a one-line ``detail``.
+_REFUSALS = {401: "missing or unknown token", 403: "the token's role may not do this",
+             404: "no such job, task or worker", 409: "at odds with the worker's state "
+             "or leases", 422: "the request does not validate; the detail names the field",
+             503: "the database or the queue is unavailable; retry"}
+
+
+def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a router: 401, 403, 422 and 503, and ``statuses``."""
+    return {status: {"model": ErrorBody, "description": _REFUSALS[status]}
+            for status in sorted({401, 403, 422, 503, *statuses})}
 
 
 @dataclass(frozen=True)

@@ -2,79 +2,49 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Any
-
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from schemas import MeasureOptions, Target, Workload
-from tuner_server.api.deps import MAX_ID, Caller, PathId, get_session, require
-from tuner_server.search import DEFAULT_TUNER, TUNERS
+from schemas.api import (
+    MAX_ID,
+    JobCancelled,
+    JobCreated,
+    JobRequest,
+    JobView,
+    TrialPage,
+)
+from tuner_server.api.deps import Caller, PathId, get_session, refusals, require
 from tuner_server.services import jobs as svc
 
-router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
-
-
-class JobRequest(BaseModel):
-    target: Target
-    tasks: list[Workload] = Field(min_length=1, max_length=1000)
-    n_trial: int = Field(64, ge=1, le=1_000_000, description="trials per task")
-    tuner: str = Field(DEFAULT_TUNER, max_length=32,
-                       description="one of: " + ", ".join(sorted(TUNERS)))
-    early_stopping: int | None = Field(None, ge=1, le=MAX_ID)
-    plan_size: int = Field(16, ge=1, le=4096)
-    measure: MeasureOptions = MeasureOptions()
-
-
-class JobCreated(BaseModel):
-    id: int
-
-
-class TrialPoint(BaseModel):
-    trial: int = Field(description="1-based, in the order results were stored")
-    id: int = Field(description="the trial's id (what `after` takes)")
-    gflops: float | None = Field(description="null when the trial failed")
-    error_no: int = Field(description="AutoTVM's MeasureErrorNo; 0 is success")
-    cost: float | None = Field(description="mean seconds; null when the trial failed")
-
-
-class TrialPage(BaseModel):
-    task_id: int
-    status: str
-    trials_done: int
-    items: list[TrialPoint]
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], responses=refusals(404))
 
 
 @router.post("", response_model=JobCreated, status_code=201)
 def submit(body: JobRequest, session: Session = Depends(get_session),
            _caller: Caller = Depends(require("client"))) -> JobCreated:
-    spec = svc.JobSpec(target=body.target, workloads=body.tasks, n_trial=body.n_trial,
-                       tuner=body.tuner, early_stopping=body.early_stopping,
-                       plan_size=body.plan_size, measure=body.measure)
     try:
-        job_id = svc.submit(session, spec)
+        job_id = svc.submit(session, body)
     except svc.JobError as err:
         raise HTTPException(422, str(err)) from None
     session.commit()
     return JobCreated(id=job_id)
 
 
-@router.get("")
+# ``exclude_unset``: a task's ``curve`` is in the JSON only where it was asked for.
+@router.get("", response_model=list[JobView], response_model_exclude_unset=True)
 def list_jobs(request: Request, limit: int = Query(100, ge=1, le=1000),
               offset: int = Query(0, ge=0, le=MAX_ID),
               session: Session = Depends(get_session),
-              _caller: Caller = Depends(require("client"))) -> list[dict[str, Any]]:
+              _caller: Caller = Depends(require("client"))) -> list[JobView]:
     return svc.list_jobs(session, limit, offset,
                          lease_s=request.app.state.settings.lease_seconds)
 
 
-@router.get("/{job_id}")
+@router.get("/{job_id}", response_model=JobView, response_model_exclude_unset=True)
 def get_job(job_id: PathId, request: Request,
             curves: bool = Query(True, description="each task's tuning curve (improvements)"),
             session: Session = Depends(get_session),
-            _caller: Caller = Depends(require("client"))) -> dict[str, Any]:
+            _caller: Caller = Depends(require("client"))) -> JobView:
     job = svc.describe(session, job_id, with_curves=curves,
                        lease_s=request.app.state.settings.lease_seconds)
     if job is None:
@@ -95,15 +65,14 @@ def task_trials(job_id: PathId, task_id: PathId,
         raise HTTPException(422, str(err)) from None
     if page is None:
         raise HTTPException(404, f"job {job_id} has no task {task_id}")
-    return TrialPage(task_id=page.task_id, status=page.status, trials_done=page.trials_done,
-                     items=[TrialPoint(**asdict(p)) for p in page.items])
+    return page
 
 
-@router.post("/{job_id}/cancel")
+@router.post("/{job_id}/cancel", response_model=JobCancelled)
 def cancel(job_id: PathId, session: Session = Depends(get_session),
-           _caller: Caller = Depends(require("client"))) -> dict[str, Any]:
+           _caller: Caller = Depends(require("client"))) -> JobCancelled:
     status = svc.cancel(session, job_id)
     if status is None:
         raise HTTPException(404, f"job {job_id} not found")
     session.commit()
-    return {"id": job_id, "status": status}
+    return JobCancelled(id=job_id, status=status)

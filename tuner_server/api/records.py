@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, Response
-from pydantic import AfterValidator, BaseModel, Field, ValidationError
+from pydantic import AfterValidator, ValidationError
 from sqlalchemy.orm import Session
 
 from schemas import Target, Workload
+from schemas.api import (
+    MAX_ID,
+    BestItem,
+    BestRequest,
+    BestResponse,
+    ImportResponse,
+    LineError,
+    RecordPage,
+    RecordSearchPage,
+)
 from schemas.text import check_text, first_problem, shown
 from schemas.workload import MAX_TEMPLATE_CHARS
-from tuner_server.api.deps import MAX_ID, Caller, get_session, require
+from tuner_server.api.deps import Caller, get_session, refusals, require
 from tuner_server.services import records as svc
 
-router = APIRouter(prefix="/api/v1", tags=["records"])
+router = APIRouter(prefix="/api/v1", tags=["records"], responses=refusals())
 
 # A query string without control characters: PostgreSQL refuses NUL in a parameter.
 Plain = Annotated[str, AfterValidator(lambda v: check_text(v, "text"))]
@@ -33,53 +42,6 @@ def _target(text: str, field: str = "target") -> Target:
         raise HTTPException(422, detail) from None
     except ValueError as err:
         raise HTTPException(422, f"{field}: {err}") from None
-
-
-class RecordPage(BaseModel):
-    total: int
-    items: list[dict[str, Any]]
-
-
-class RecordSummary(BaseModel):
-    id: int
-    target: str
-    template: str
-    workload_key: str
-    args: list[Any]
-    error_no: int
-    cost: float | None = Field(description="mean seconds; null when it failed")
-    gflops: float | None = Field(description="null when it failed or FLOPs are unknown")
-    config: dict[str, Any] = Field(description="AutoTVM's config object")
-    knobs: dict[str, Any] = Field(description="knob name -> value")
-    timestamp: float
-    worker: str | None
-
-
-class RecordSearchPage(BaseModel):
-    total: int
-    items: list[RecordSummary]
-
-
-class BestRequest(BaseModel):
-    target: str = Field(max_length=1000)
-    workloads: list[Workload] = Field(min_length=1, max_length=svc.MAX_BEST_WORKLOADS)
-
-
-class BestItem(BaseModel):
-    workload: Workload
-    rule: str = Field(description="model, target_key:<key> or none")
-    record: dict[str, Any] | None
-
-
-class BestResponse(BaseModel):
-    items: list[BestItem]
-
-
-class ImportResponse(BaseModel):
-    accepted: int
-    refused: int = Field(description="lines refused; `errors` names the first "
-                                     f"{svc.MAX_REPORTED_ERRORS}")
-    errors: list[dict[str, Any]]
 
 
 @router.get("/records", response_model=RecordPage)
@@ -121,7 +83,7 @@ def search_records(
 ) -> RecordSearchPage:
     total, items = svc.search(session, _target(target) if target else None, template or None,
                               workload or None, best, limit, offset)
-    return RecordSearchPage(total=total, items=[RecordSummary(**asdict(r)) for r in items])
+    return RecordSearchPage(total=total, items=items)
 
 
 @router.post("/records/best", response_model=BestResponse)
@@ -147,7 +109,8 @@ def import_records(
     report = svc.import_lines(session, body.split("\n"))
     session.commit()
     return ImportResponse(accepted=report.accepted, refused=report.refused,
-                          errors=[{"line": n, "error": msg} for n, msg in report.errors])
+                          duplicates=report.duplicates,
+                          errors=[LineError(line=n, error=msg) for n, msg in report.errors])
 
 
 @router.get("/logs/{target:path}")

@@ -8,6 +8,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from schemas import Target
+from schemas.api import TrialStatus
 from tuner_server.db.models import TrialRow
 
 
@@ -67,7 +68,7 @@ class DispatchQueue(ABC):
 
     def depth(self, session: Session) -> int:
         return session.scalar(select(func.count()).select_from(TrialRow)
-                              .where(TrialRow.status == "queued")) or 0
+                              .where(TrialRow.status == TrialStatus.QUEUED)) or 0
 
 
 def take(session: Session, trial_id: int, worker_id: int, lease_s: float, now: float) -> bool:
@@ -76,9 +77,9 @@ def take(session: Session, trial_id: int, worker_id: int, lease_s: float, now: f
     result = session.execute(
         update(TrialRow)
         .where(TrialRow.id == trial_id,
-               (TrialRow.status == "queued")
-               | ((TrialRow.status == "leased") & (TrialRow.lease_deadline < now)))
-        .values(status="leased", worker_id=worker_id, lease_deadline=now + lease_s,
+               (TrialRow.status == TrialStatus.QUEUED)
+               | ((TrialRow.status == TrialStatus.LEASED) & (TrialRow.lease_deadline < now)))
+        .values(status=TrialStatus.LEASED, worker_id=worker_id, lease_deadline=now + lease_s,
                 attempts=TrialRow.attempts + 1))
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
@@ -91,9 +92,9 @@ def take_many(session: Session, trial_ids: list[int], worker_id: int, lease_s: f
     result = session.execute(
         update(TrialRow)
         .where(TrialRow.id.in_(sorted(set(trial_ids))),
-               (TrialRow.status == "queued")
-               | ((TrialRow.status == "leased") & (TrialRow.lease_deadline < now)))
-        .values(status="leased", worker_id=worker_id, lease_deadline=now + lease_s,
+               (TrialRow.status == TrialStatus.QUEUED)
+               | ((TrialRow.status == TrialStatus.LEASED) & (TrialRow.lease_deadline < now)))
+        .values(status=TrialStatus.LEASED, worker_id=worker_id, lease_deadline=now + lease_s,
                 attempts=TrialRow.attempts + 1)
         .returning(TrialRow.id)
         .execution_options(synchronize_session=False))

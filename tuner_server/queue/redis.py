@@ -18,6 +18,7 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from schemas.api import TrialStatus
 from tuner_server.db.models import TrialRow
 from tuner_server.queue.base import DispatchQueue, QueueUnavailable, take_many
 
@@ -197,7 +198,7 @@ class RedisQueue(DispatchQueue):
         drops) and ``finished``."""
         rows = session.execute(
             select(TrialRow.id, TrialRow.queue)
-            .where(TrialRow.status == "queued", TrialRow.id > self._resync_after)
+            .where(TrialRow.status == TrialStatus.QUEUED, TrialRow.id > self._resync_after)
             .order_by(TrialRow.id).limit(RESYNC_BATCH)).all()
         self._resync_after = rows[-1][0] if len(rows) == RESYNC_BATCH else 0
         if not rows:

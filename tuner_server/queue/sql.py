@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from schemas.api import TrialStatus
 from tuner_server.db.models import TrialRow
 from tuner_server.queue.base import DispatchQueue, take_many
 
@@ -17,7 +18,7 @@ class SqlQueue(DispatchQueue):
     def lease(self, session: Session, worker_id: int, queues: list[str], limit: int,
               lease_s: float, now: float) -> list[TrialRow]:
         stmt = (select(TrialRow)
-                .where(TrialRow.status == "queued", TrialRow.queue.in_(queues))
+                .where(TrialRow.status == TrialStatus.QUEUED, TrialRow.queue.in_(queues))
                 .order_by(TrialRow.id).limit(limit))
         if session.get_bind().dialect.name == "postgresql":
             stmt = stmt.with_for_update(skip_locked=True)

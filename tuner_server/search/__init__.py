@@ -3,6 +3,7 @@ measure results, never HTTP or SQL; the scheduler feeds them and stores what the
 
 from __future__ import annotations
 
+from schemas.api import DEFAULT_TUNER
 from tuner_server.search.base import Tuner
 from tuner_server.search.ga import GATuner
 from tuner_server.search.grid import GridTuner
@@ -11,7 +12,6 @@ from tuner_server.search.random import RandomTuner
 
 TUNERS: dict[str, type[Tuner]] = {t.name: t for t in (RandomTuner, GridTuner, GATuner,
                                                       LGBMTuner)}
-DEFAULT_TUNER = LGBMTuner.name
 
 
 def make_tuner(name: str, **kwargs: object) -> Tuner:

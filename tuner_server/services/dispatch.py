@@ -23,6 +23,7 @@ from schemas import (
     Target,
     Workload,
 )
+from schemas.api import LeasedTrial, TrialStatus
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import DispatchQueue, queue_matches
 from tuner_server.services.fleet import alive_clause
@@ -88,7 +89,7 @@ def register(session: Session, name: str, target: Target, limits: DeviceLimits,
     else:
         requeued, failed = expire(session, list(session.scalars(
             select(TrialRow).where(TrialRow.worker_id == worker.id,
-                                   TrialRow.status == "leased")
+                                   TrialRow.status == TrialStatus.LEASED)
             .order_by(TrialRow.id).with_for_update())))
     worker.limits, worker.device = limits.model_dump(), device
     worker.last_seen, worker.stopped_at = now, None
@@ -112,7 +113,7 @@ def _served_target(worker: WorkerRow) -> Target:
 
 
 def lease(session: Session, queue: DispatchQueue, worker: WorkerRow, limit: int,
-          lease_s: float) -> tuple[list[dict[str, Any]], list[int]]:
+          lease_s: float) -> tuple[list[LeasedTrial], list[int]]:
     """Lease up to ``limit`` trials for the worker's target; caller commits.
 
     Returns (the trials handed out, ids of trials failed instead). A queue may hand
@@ -124,7 +125,8 @@ def lease(session: Session, queue: DispatchQueue, worker: WorkerRow, limit: int,
     now = time.time()
     worker.last_seen = now
     trials = queue.lease(session, worker.id, matches, limit, lease_s, now)
-    out, failed = [], []
+    out: list[LeasedTrial] = []
+    failed: list[int] = []
     for trial in trials:
         if trial.attempts > MAX_ATTEMPTS:  # this lease is the one past the limit
             trial.worker_id = None  # not this worker's failure: it never held it
@@ -135,9 +137,9 @@ def lease(session: Session, queue: DispatchQueue, worker: WorkerRow, limit: int,
         assert task is not None
         job = session.get(JobRow, task.job_id)
         assert job is not None
-        out.append({"trial_id": trial.id, "task_id": task.id, "template": task.template,
-                    "args": task.args, "config": trial.config, "target": job.target,
-                    "measure": job.measure, "lease_deadline": trial.lease_deadline})
+        out.append(LeasedTrial(trial_id=trial.id, task_id=task.id, template=task.template,
+                               args=task.args, config=trial.config, target=job.target,
+                               measure=job.measure, lease_deadline=trial.lease_deadline))
     return out, failed
 
 
@@ -153,10 +155,11 @@ def _held(session: Session, worker: WorkerRow, trial_ids: list[int], refused: st
     found = {t.id: t for t in trials}
     reasons = {i: _refusal(found.get(i), worker) for i in dict.fromkeys(trial_ids)
                if (t := found.get(i)) is None or t.worker_id != worker.id
-               or t.status not in ("leased", "done", "cancelled")}
+               or t.status not in (TrialStatus.LEASED, TrialStatus.DONE,
+                                   TrialStatus.CANCELLED)}
     if reasons:
         raise WorkerRefused(_refused(reasons, refused))
-    return [t for t in trials if t.status == "leased"]
+    return [t for t in trials if t.status == TrialStatus.LEASED]
 
 
 def heartbeat(session: Session, worker: WorkerRow, trial_ids: list[int],
@@ -180,12 +183,12 @@ def release(session: Session, worker: WorkerRow, trial_ids: list[int] | None
     released) when a trial named is not this worker's (see :func:`_held`)."""
     if trial_ids is None:
         trials = list(session.scalars(
-            select(TrialRow).where(TrialRow.worker_id == worker.id, TrialRow.status == "leased")
+            select(TrialRow).where(TrialRow.worker_id == worker.id, TrialRow.status == TrialStatus.LEASED)
             .order_by(TrialRow.id).with_for_update()))
     else:
         trials = _held(session, worker, trial_ids, "release refused, nothing released")
     for trial in trials:
-        trial.status, trial.worker_id, trial.lease_deadline = "queued", None, None
+        trial.status, trial.worker_id, trial.lease_deadline = TrialStatus.QUEUED, None, None
         trial.attempts = max(trial.attempts - 1, 0)
     return trials
 
@@ -226,7 +229,8 @@ def _store(session: Session, outcomes: list[Outcome]) -> bool:
         return False
     per_task: dict[int, list[Any]] = {}  # task id -> [count, best cost, its position]
     for trial, result, _target, _info in outcomes:
-        trial.status, trial.error_no, trial.lease_deadline = "done", int(result.error_no), None
+        trial.status, trial.error_no = TrialStatus.DONE, int(result.error_no)
+        trial.lease_deadline = None
         entry = per_task.setdefault(trial.task_id, [0, None, None])
         entry[0] += 1
         if result.ok and (entry[1] is None or result.mean_cost < entry[1]):
@@ -248,7 +252,7 @@ def _refusal(trial: TrialRow | None, worker: WorkerRow) -> str:
     """Why this worker may not report this trial (what follows "trial N is")."""
     if trial is None:
         return ""
-    if trial.status == "leased":
+    if trial.status == TrialStatus.LEASED:
         return f"leased to worker {trial.worker_id}"
     return f"{trial.status}, not leased to worker {worker.id}"
 
@@ -292,9 +296,11 @@ def report(session: Session, worker: WorkerRow,
     for trial_id, result, info in results:
         trial = trials.get(trial_id)
         if trial_id in taken or (trial is not None and trial.worker_id == worker.id
-                                 and trial.status in ("done", "cancelled")):
+                                 and trial.status in (TrialStatus.DONE,
+                                                      TrialStatus.CANCELLED)):
             counts.duplicates += 1
-        elif trial is None or trial.status != "leased" or trial.worker_id != worker.id:
+        elif (trial is None or trial.status != TrialStatus.LEASED
+              or trial.worker_id != worker.id):
             refused[trial_id] = _refusal(trial, worker)
         else:
             taken.add(trial_id)
@@ -346,7 +352,7 @@ def _fail_lost(session: Session, trial: TrialRow, lost: int) -> bool:
             break
     log.error("trial %s lost %s workers; its failure cannot be recorded: %s",
               trial.id, lost, why)
-    trial.status, trial.lease_deadline = "done", None
+    trial.status, trial.lease_deadline = TrialStatus.DONE, None
     trial.error_no = int(MeasureErrorNo.UNKNOWN_ERROR)
     return True
 
@@ -359,7 +365,8 @@ def expire(session: Session, trials: list[TrialRow]) -> tuple[list[TrialRow], li
     requeued, failed = [], []
     for trial in trials:
         if trial.attempts < MAX_ATTEMPTS:
-            trial.status, trial.worker_id, trial.lease_deadline = "queued", None, None
+            trial.status, trial.worker_id, trial.lease_deadline = (TrialStatus.QUEUED, None,
+                                                                   None)
             requeued.append(trial)
         elif _fail_lost(session, trial, trial.attempts):
             failed.append(trial.id)
@@ -371,7 +378,8 @@ def reclaim_expired(session: Session, now: float | None = None) -> tuple[list[Tr
     recorded as failed (error 8) instead. Returns (trials requeued, trials given up)."""
     now = time.time() if now is None else now
     requeued, failed = expire(session, list(session.scalars(select(TrialRow).where(
-        TrialRow.status == "leased", TrialRow.lease_deadline < now).with_for_update())))
+        TrialRow.status == TrialStatus.LEASED, TrialRow.lease_deadline < now)
+        .with_for_update())))
     return requeued, len(failed)
 
 

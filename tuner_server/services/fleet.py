@@ -4,31 +4,17 @@ aggregate queries (what ``GET /api/v1/workers``, the dashboard and `tuner worker
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from sqlalchemy import ColumnElement, and_, case, func, select
 from sqlalchemy.orm import Session
 
 from schemas import Target
+from schemas.api import TrialStatus, WorkerInfo
 from tuner_server.db.models import RecordRow, TrialRow, WorkerRow
 
 # Pace and error rate are over the results of the last 10 minutes.
 WINDOW_S = 600.0
-
-
-@dataclass(frozen=True)
-class WorkerStats:
-    id: int
-    name: str
-    target: str
-    device: str  # the device's own name, else the target's model
-    last_heartbeat: float  # unix seconds of its last lease, heartbeat or report
-    alive: bool  # serving: not deregistered, and seen within the lease
-    stopped: bool  # deregistered (it stopped on SIGTERM)
-    trials_per_minute: float
-    error_rate: float | None  # None: no results in the window
-    trials_done: int  # trials it has recorded (a trial that lost 2 workers counts, error 8)
 
 
 def alive_clause(now: float, lease_s: float) -> ColumnElement[bool]:
@@ -50,7 +36,7 @@ def _device(worker: WorkerRow) -> str:
 
 
 def list_workers(session: Session, lease_s: float, now: float | None = None
-                 ) -> list[WorkerStats]:
+                 ) -> list[WorkerInfo]:
     """Every registered worker, the newest row first; ``alive`` by :func:`alive_clause`
     with the server's lease ``lease_s``.
 
@@ -60,7 +46,7 @@ def list_workers(session: Session, lease_s: float, now: float | None = None
     now = time.time() if now is None else now
     done = {worker_id: int(n) for worker_id, n in session.execute(
         select(TrialRow.worker_id, func.count())
-        .where(TrialRow.worker_id.is_not(None), TrialRow.status == "done")
+        .where(TrialRow.worker_id.is_not(None), TrialRow.status == TrialStatus.DONE)
         .group_by(TrialRow.worker_id))}
     cutoff = datetime.fromtimestamp(now - WINDOW_S, timezone.utc)
     # Grouped by ``worker_id + 0``, not the bare column: SQLite would otherwise walk
@@ -75,7 +61,7 @@ def list_workers(session: Session, lease_s: float, now: float | None = None
     for worker, alive in session.execute(
             select(WorkerRow, alive_clause(now, lease_s)).order_by(WorkerRow.id.desc())):
         n, failed = recent.get(worker.id, (0, 0))
-        out.append(WorkerStats(
+        out.append(WorkerInfo(
             id=worker.id, name=worker.name, target=worker.target, device=_device(worker),
             last_heartbeat=worker.last_seen,
             alive=bool(alive),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -13,76 +12,75 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from compiler.templates import get_template
-from schemas import MeasureErrorNo, MeasureOptions, Target, Workload
+from schemas import MeasureErrorNo, Target
+from schemas.api import (
+    ACTIVE,
+    FINAL,
+    CurvePoint,
+    JobRequest,
+    JobStatus,
+    JobView,
+    TaskStatus,
+    TaskView,
+    TrialPage,
+    TrialPoint,
+    TrialStatus,
+)
 from schemas.measure import FAILED_COST
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import queue_matches, queue_name
-from tuner_server.search import DEFAULT_TUNER, TUNERS
+from tuner_server.search import TUNERS
 from tuner_server.services.fleet import alive_clause
 from tuner_server.services.records import workload_flops
 
 log = logging.getLogger("tuner.jobs")
-
-FINAL = ("done", "cancelled", "failed")
-ACTIVE = ("queued", "running")
 
 
 class JobError(ValueError):
     """A submission that cannot become a job; the message names the field."""
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    target: Target
-    workloads: list[Workload]
-    n_trial: int
-    tuner: str = DEFAULT_TUNER
-    early_stopping: int | None = None
-    plan_size: int = 16
-    measure: MeasureOptions = MeasureOptions()
-
-
-def submit(session: Session, spec: JobSpec) -> int:
+def submit(session: Session, spec: JobRequest) -> int:
     if spec.tuner not in TUNERS:
         raise JobError(f"tuner: unknown tuner {spec.tuner!r}; known: {', '.join(sorted(TUNERS))}")
-    for i, workload in enumerate(spec.workloads):
+    for i, workload in enumerate(spec.tasks):
         try:
             get_template(workload.template).space(workload)
         except (KeyError, ValueError) as err:
             raise JobError(f"tasks[{i}]: {err}") from None
-    job = JobRow(target=str(spec.target), status="queued", tuner=spec.tuner,
+    job = JobRow(target=str(spec.target), status=JobStatus.QUEUED, tuner=spec.tuner,
                  n_trial=spec.n_trial, early_stopping=spec.early_stopping,
                  plan_size=spec.plan_size, measure=spec.measure.model_dump())
     session.add(job)
     session.flush()
-    for workload in spec.workloads:
+    for workload in spec.tasks:
         session.add(TaskRow(job_id=job.id, template=workload.template,
-                            args=workload.args_json(), status="queued",
+                            args=workload.args_json(), status=TaskStatus.QUEUED,
                             trials_planned=0, trials_done=0))
     session.flush()
     return job.id
 
 
-def cancel(session: Session, job_id: int) -> str | None:
+def cancel(session: Session, job_id: int) -> JobStatus | None:
     """Cancel a job that has not ended; returns its status after (None: no such job)."""
     job = session.get(JobRow, job_id)
     if job is None:
         return None
     if job.status not in FINAL:
-        job.status = "cancelled"
+        job.status = JobStatus.CANCELLED
         task_ids = select(TaskRow.id).where(TaskRow.job_id == job_id)
         session.execute(update(TaskRow).where(TaskRow.job_id == job_id,
                                               TaskRow.status.not_in(FINAL))
-                        .values(status="cancelled"))
+                        .values(status=TaskStatus.CANCELLED))
         withdraw_queued(session, task_ids)
-    return job.status
+    return JobStatus(job.status)
 
 
 def withdraw_queued(session: Session, task_ids: Any) -> None:
     """Queued trials of these tasks (ids or a subquery) are no longer wanted."""
     session.execute(update(TrialRow).where(TrialRow.task_id.in_(task_ids),
-                                           TrialRow.status == "queued")
-                    .values(status="cancelled"))
+                                           TrialRow.status == TrialStatus.QUEUED)
+                    .values(status=TrialStatus.CANCELLED))
 
 
 def error_counts(session: Session, task_ids: Iterable[int]) -> dict[int, int]:
@@ -191,7 +189,7 @@ def _eta(job: JobRow, remaining: int, recent: tuple[int, float | None], now: flo
          ) -> float | None:
     """Seconds left at the rate of the last ``RATE_WINDOW_S``: (n - 1) intervals between
     n results, stretched to now so a stalled fleet's ETA grows. None when unknown."""
-    if job.status == "done" or (job.status not in FINAL and remaining == 0):
+    if job.status == JobStatus.DONE or (job.status not in FINAL and remaining == 0):
         return 0.0
     if job.status in FINAL:
         return None
@@ -201,47 +199,46 @@ def _eta(job: JobRow, remaining: int, recent: tuple[int, float | None], now: flo
     return remaining * (now - first) / (count - 1)
 
 
-def _task_item(job: JobRow, task: TaskRow) -> dict[str, Any]:
+def _task_item(job: JobRow, task: TaskRow) -> TaskView:
     flops = workload_flops(task.template, task.args)
-    return {
-        "id": task.id, "template": task.template, "args": task.args,
-        "status": task.status, "trials_done": task.trials_done,
-        "trials_planned": task.trials_planned, "n_trial": job.n_trial,
-        "best_cost": task.best_cost,
-        "best_gflops": flops / task.best_cost / 1e9 if flops and task.best_cost else None,
-        "error": task.error,
-    }
+    return TaskView(
+        id=task.id, template=task.template, args=task.args, status=TaskStatus(task.status),
+        trials_done=task.trials_done, trials_planned=task.trials_planned,
+        n_trial=job.n_trial, best_cost=task.best_cost,
+        best_gflops=flops / task.best_cost / 1e9 if flops and task.best_cost else None,
+        error=task.error)
 
 
 def _job_item(job: JobRow, tasks: list[TaskRow], recent: tuple[int, float | None],
-              now: float, served: set[str]) -> dict[str, Any]:
+              now: float, served: set[str]) -> JobView:
     """A job with its tasks and the figures a dashboard row shows: progress (a task that
     ended early, by early stopping or an exhausted space, counts as complete), ETA and
     the best GFLOP/s of any task; and whether it waits for a worker (none alive serves
     its target), with a note saying what to do."""
     items = [_task_item(job, t) for t in tasks]
     total = job.n_trial * len(tasks)
-    counted = sum(job.n_trial if t.status == "done" else min(t.trials_done, job.n_trial)
+    counted = sum(job.n_trial if t.status == TaskStatus.DONE else min(t.trials_done, job.n_trial)
                   for t in tasks)
     remaining = sum(max(job.n_trial - t.trials_done, 0) for t in tasks
                     if t.status not in FINAL)
-    bests = [i["best_gflops"] for i in items if i["best_gflops"] is not None]
+    bests = [i.best_gflops for i in items if i.best_gflops is not None]
     waiting = _waiting_for_worker(job, served)
-    return {"id": job.id, "target": job.target, "status": job.status, "tuner": job.tuner,
-            "n_trial": job.n_trial, "early_stopping": job.early_stopping, "error": job.error,
-            "created_at": job.created_at.isoformat() if job.created_at else None,
-            "trials_done": sum(t.trials_done for t in tasks), "trials_total": total,
-            "progress": counted / total if total else 0.0,
-            "eta_s": _eta(job, remaining, recent, now),
-            "best_gflops": max(bests) if bests else None,
-            "waiting_for_worker": waiting,
-            "note": (f"no live worker serves '{job.target}'; start one: tuner worker "
-                     f"--server <this server> --token TOKEN") if waiting else None,
-            "tasks": items}
+    return JobView(
+        id=job.id, target=job.target, status=JobStatus(job.status), tuner=job.tuner,
+        n_trial=job.n_trial, early_stopping=job.early_stopping, error=job.error,
+        created_at=job.created_at.isoformat() if job.created_at else None,
+        trials_done=sum(t.trials_done for t in tasks), trials_total=total,
+        progress=counted / total if total else 0.0,
+        eta_s=_eta(job, remaining, recent, now),
+        best_gflops=max(bests) if bests else None,
+        waiting_for_worker=waiting,
+        note=(f"no live worker serves '{job.target}'; start one: tuner worker "
+              f"--server <this server> --token TOKEN") if waiting else None,
+        tasks=items)
 
 
 def _describe_many(session: Session, jobs: Sequence[JobRow],
-                   lease_s: float) -> list[dict[str, Any]]:
+                   lease_s: float) -> list[JobView]:
     """Jobs as ``describe`` shows them, in four queries whatever their number."""
     ids = [j.id for j in jobs]
     per_job: dict[int, list[TaskRow]] = {i: [] for i in ids}
@@ -258,46 +255,28 @@ def _describe_many(session: Session, jobs: Sequence[JobRow],
 
 
 def describe(session: Session, job_id: int, with_curves: bool = True, *, lease_s: float
-             ) -> dict[str, Any] | None:
+             ) -> JobView | None:
     """A job, its tasks (with their tuning curves) and whether it waits for a worker:
-    ``lease_s`` is the server's lease, within which a worker counts as alive."""
+    ``lease_s`` is the server's lease, within which a worker counts as alive. Without
+    ``with_curves`` the tasks' ``curve`` stays unset (left out of the JSON)."""
     job = session.get(JobRow, job_id)
     if job is None:
         return None
     [item] = _describe_many(session, [job], lease_s)
     if with_curves:
-        for task in item["tasks"]:
-            flops = workload_flops(task["template"], task["args"])
-            task["curve"] = [{"trial": n, "best_cost": c,
-                              "best_gflops": flops / c / 1e9 if flops and c else None}
-                             for n, c in _curve(session, task["id"])]
+        for task in item.tasks:
+            flops = workload_flops(task.template, task.args)
+            task.curve = [CurvePoint(trial=n, best_cost=c,
+                                     best_gflops=flops / c / 1e9 if flops and c else None)
+                          for n, c in _curve(session, task.id)]
     return item
 
 
 def list_jobs(session: Session, limit: int = 100, offset: int = 0, *,
-              lease_s: float) -> list[dict[str, Any]]:
+              lease_s: float) -> list[JobView]:
     jobs = session.scalars(select(JobRow).order_by(JobRow.id.desc())
                            .limit(limit).offset(offset)).all()
     return _describe_many(session, jobs, lease_s)
-
-
-@dataclass(frozen=True)
-class TrialPoint:
-    """One measured trial of a task: its place in the tuning curve."""
-
-    trial: int  # 1-based, in the order results were stored
-    id: int  # the trial's id: what ``after`` takes
-    gflops: float | None  # None: failed (or the template's FLOPs are unknown)
-    error_no: int
-    cost: float | None  # mean seconds; None when it failed
-
-
-@dataclass(frozen=True)
-class TrialPage:
-    task_id: int
-    status: str
-    trials_done: int
-    items: list[TrialPoint]
 
 
 def task_trials(session: Session, job_id: int, task_id: int, after: int | None = None,
@@ -332,5 +311,5 @@ def task_trials(session: Session, job_id: int, task_id: int, after: int | None =
         items.append(TrialPoint(trial=number, id=trial_id, error_no=error_no,
                                 cost=cost if ok else None,
                                 gflops=flops / cost / 1e9 if ok and flops else None))
-    return TrialPage(task_id=task.id, status=task.status, trials_done=task.trials_done,
+    return TrialPage(task_id=task.id, status=TaskStatus(task.status), trials_done=task.trials_done,
                      items=items)

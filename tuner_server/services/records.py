@@ -5,17 +5,26 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Text, and_, case, cast, func, insert, select
+from sqlalchemy import Text, and_, case, cast, func, insert, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from compiler.templates import UnknownTemplateError, get_template
+from compiler.templates.history import (
+    THIS_DEVICE,
+    Ranked,
+    Stored,
+    order,
+    pick,
+    rank,
+)
 from compiler.templates.space import ConfigSpace, SplitKnob
-from schemas import Config, Record, RecordFormatError, Target, Workload
+from schemas import Config, DeviceLimits, Record, RecordFormatError, Target, Workload
+from schemas.api import MAX_REPORTED_ERRORS, RecordSummary
 from schemas.measure import FAILED_COST, check_info, check_measurement
 from schemas.text import one_line
 from tuner_server.db.models import RecordRow
@@ -25,17 +34,15 @@ log = logging.getLogger("tuner.records")
 BATCH = 1000
 # An AutoTVM line is a few hundred characters; a 3 MB "config" is junk, refused unread.
 MAX_LINE_CHARS = 64 * 1024
-# An import's answer names this many refused lines, then only counts the rest.
-MAX_REPORTED_ERRORS = 100
 MAX_REASON_CHARS = 400  # characters of each refused line's reason
-# POST /records/best answers at most this many workloads a request.
-MAX_BEST_WORKLOADS = 1000
 
 
 @dataclass
 class ImportReport:
     accepted: int = 0
     refused: int = 0
+    # valid lines already stored (or given twice): identical input, config and result
+    duplicates: int = 0
     # (line number, reason) of the first MAX_REPORTED_ERRORS refused lines
     errors: list[tuple[int, str]] = field(default_factory=list)
 
@@ -184,8 +191,37 @@ def import_lines(session: Session, lines: Iterable[str],
             report.refuse(number, why)
         else:
             good.append(record)
-    report.accepted = add_records(session, good, source)
+    fresh = _new_only(session, good)
+    report.duplicates = len(good) - len(fresh)
+    report.accepted = add_records(session, fresh, source)
     return report
+
+
+def _identity(row: Any) -> str:
+    """What makes two records the same measurement: input (target, workload), config and
+    result; not the version fields nor ``info`` (which worker, notes)."""
+    return json.dumps([row.get("input"), row.get("config"), row.get("result")], sort_keys=True)
+
+
+def _new_only(session: Session, records: Sequence[Record]) -> list[Record]:
+    """``records`` less those already stored and repeats within them, so that importing
+    a log twice adds nothing; compared with the stored rows of the same workloads."""
+    keys = list(dict.fromkeys(r.workload.key for r in records))
+    seen: set[str] = set()
+    for start in range(0, len(keys), BATCH):
+        for text in session.scalars(select(cast(RecordRow.line, Text))
+                                    .where(RecordRow.workload_key.in_(keys[start:start + BATCH]))):
+            try:
+                seen.add(_identity(json.loads(text)))
+            except (ValueError, AttributeError):  # a row that is not a JSON object
+                continue
+    fresh = []
+    for record in records:
+        identity = _identity(record.to_json())
+        if identity not in seen:
+            seen.add(identity)
+            fresh.append(record)
+    return fresh
 
 
 def _read(line: Any, row_id: int) -> Record | None:
@@ -225,47 +261,134 @@ def query(session: Session, target: Target | None = None, template: str | None =
     return total, [r for row_id, line in rows if (r := _read(line, row_id)) is not None]
 
 
-def _cheapest_each(session: Session, keys: Sequence[str], *clauses: Any,
-                   measured_first: bool = False) -> dict[str, Record]:
-    """Workload key -> its cheapest error_no 0 record under ``clauses``, for every key of
-    ``keys`` that has one, in one query; ties go to the first stored. ``measured_first``:
-    a measured record beats any imported one whatever their costs."""
-    order = [RecordRow.mean_cost, RecordRow.id]
-    if measured_first:
-        order.insert(0, case((RecordRow.source == "imported", 1), else_=0))
-    ranked = (select(RecordRow.id,
-                     func.row_number().over(partition_by=RecordRow.workload_key,
-                                            order_by=order).label("rank"))
-              .where(RecordRow.workload_key.in_(keys), RecordRow.error_no == 0, *clauses)
-              .subquery())
-    rows = session.execute(select(RecordRow.id, RecordRow.workload_key, RecordRow.line)
-                           .where(RecordRow.id.in_(select(ranked.c.id)
-                                                   .where(ranked.c.rank == 1))))
-    return {key: record for row_id, key, line in rows
-            if (record := _read(line, row_id)) is not None}
+@lru_cache(maxsize=1024)
+def _target_of(text: str) -> Target | None:
+    """A stored row's target, or None for one that no longer parses (skipped)."""
+    try:
+        return Target.parse(text)
+    except ValueError:
+        return None
 
 
-def best(session: Session, workloads: Sequence[Workload], target: Target) -> list[BestAnswer]:
-    """AutoTVM's ApplyHistoryBest: lowest mean cost among error_no 0 records, taken from
-    the same device model first, then from each of the target's keys in order; ties go
-    to the record stored first, as AutoTVM keeps the first of equal costs.
+def _stored(rows: Iterable[Any]) -> dict[str, list[Stored[int]]]:
+    """Workload key -> its rows as the rule ranks them (``item``: the row id), in
+    storage order; rows whose target no longer parses are left out."""
+    out: dict[str, list[Stored[int]]] = {}
+    for row in rows:
+        target = _target_of(row.target)
+        if target is not None:
+            out.setdefault(row.workload_key, []).append(Stored(
+                row.id, target, row.mean_cost, row.error_no, row.source == "measured"))
+    return out
 
-    Within the device model, this fleet's measurements outrank imported records: an
-    import counts only for a workload the fleet never measured on that model. One query
-    per rule answers every workload."""
+
+@lru_cache(maxsize=8192)
+def _workload_of(key: str) -> Workload | None:
+    """The workload a stored key names (``Workload.key`` reads back), or None."""
+    try:
+        template, args = json.loads(key)
+        return Workload(template=template, args=args)
+    except (ValueError, TypeError):
+        return None
+
+
+_STORED = (RecordRow.id, RecordRow.workload_key, RecordRow.target, RecordRow.mean_cost,
+           RecordRow.error_no, RecordRow.source)
+
+
+@lru_cache(maxsize=65536)
+def _config_of(text: str) -> Config:
+    """A config's JSON as a Config, remembered: a fleet's winners share configs, and the
+    rule remembers its verdict on each (``history.problem``)."""
+    return Config.model_validate(json.loads(text))
+
+
+class _Lines:
+    """Stored lines read on demand, ``chunk`` at a time in the rule's rank order, so
+    that checking a winner reads its line, not every candidate's."""
+
+    def __init__(self, session: Session, chunk: int = 16) -> None:
+        self.session = session
+        self.chunk = chunk
+        self.texts: dict[int, str] = {}
+
+    def load(self, ids: Iterable[int]) -> None:
+        wanted = [i for i in dict.fromkeys(ids) if i not in self.texts]
+        for start in range(0, len(wanted), BATCH):
+            rows = self.session.execute(
+                select(RecordRow.id, cast(RecordRow.line, Text))
+                .where(RecordRow.id.in_(wanted[start:start + BATCH])))
+            self.texts.update((row_id, text) for row_id, text in rows)
+
+    def record(self, row_id: int) -> Record | None:
+        return _read(json.loads(self.texts[row_id]), row_id)
+
+    def config(self, row_id: int) -> Config | None:
+        """The config alone (a pretuned log sends the line as stored, unparsed)."""
+        try:
+            config = json.loads(self.texts[row_id])["config"]
+            return _config_of(json.dumps(config, sort_keys=True))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def reader(self, ids: Sequence[int],
+               whole: bool = True) -> Callable[[int], Config | None]:
+        """``config_of`` for ``history.pick`` over candidates ``ids`` (in rank order), a
+        miss reading the next chunk; ``whole``: only a line that reads as a record
+        counts (records/best)."""
+
+        def config_of(row_id: int) -> Config | None:
+            if row_id not in self.texts:
+                at = ids.index(row_id)
+                self.load(ids[at:at + self.chunk])
+            if row_id not in self.texts:
+                return None
+            if whole:
+                record = self.record(row_id)
+                return None if record is None else record.config
+            return self.config(row_id)
+
+        return config_of
+
+
+def best(session: Session, workloads: Sequence[Workload], target: Target,
+         limits: DeviceLimits | None = None) -> list[BestAnswer]:
+    """The one ApplyHistoryBest rule (``compiler.templates.history``) over the stored
+    records: this device (same kind and model, the fleet's measurements before imports),
+    then each of the target's keys in order; cheapest first, ties to the first stored;
+    only configs that decode in the template's space (and fit ``limits`` when known).
+
+    The database gives each workload's candidates (ids, targets, costs); the lines are
+    read only as far as each winner."""
     keys = list(dict.fromkeys(w.key for w in workloads))
-    found: dict[str, tuple[Record, str]] = {}
+    tiers = [RecordRow.target_keys.contains(f",{k},", autoescape=True) for k in target.keys]
     if target.model != "unknown":
-        for key, record in _cheapest_each(session, keys, RecordRow.target_model == target.model,
-                                          measured_first=True).items():
-            found[key] = (record, "model")
-    for target_key in target.keys:
-        missing = [k for k in keys if k not in found]
-        if not missing:
-            break
-        for key, record in _cheapest_each(
-                session, missing, RecordRow.target_keys.contains(f",{target_key},")).items():
-            found[key] = (record, f"target_key:{target_key}")
+        tiers.append(and_(RecordRow.target_kind == target.kind,
+                          RecordRow.target_model == target.model))
+    stored: dict[str, list[Stored[int]]] = {}
+    if tiers:
+        for start in range(0, len(keys), BATCH):
+            stored.update(_stored(session.execute(
+                select(*_STORED)
+                .where(RecordRow.workload_key.in_(keys[start:start + BATCH]),
+                       RecordRow.error_no == 0, or_(*tiers))
+                .order_by(RecordRow.id))))
+    ranked = {key: rank(entries, target) for key, entries in stored.items()}
+    lines = _Lines(session)
+    lines.load(r[0].item for r in ranked.values() if r)  # each workload's favourite
+    found: dict[str, tuple[Record, str]] = {}
+    for workload in workloads:
+        if workload.key in found or workload.key not in ranked:
+            continue
+        candidates = ranked[workload.key]
+        verdict = pick(workload, candidates, lines.reader([c.item for c in candidates]),
+                       limits)
+        if verdict.winner is not None:
+            won = verdict.winner
+            record = lines.record(won.item)
+            assert record is not None  # pick never returns an unreadable candidate
+            rule = "model" if won.source == THIS_DEVICE else f"target_key:{won.key}"
+            found[workload.key] = (record, rule)
     answers = []
     for workload in workloads:
         record, rule = found.get(workload.key, (None, "none"))
@@ -273,9 +396,11 @@ def best(session: Session, workloads: Sequence[Workload], target: Target) -> lis
     return answers
 
 
-# One best record per (target kind, device model, workload): the pretuned log's and the
-# dashboard's unit, its winner ranked as ``best`` ranks a device model's records: this
-# fleet's measurements first, then the cheapest, then the first stored.
+# The dashboard's search: one best record per (target kind, device model, workload),
+# ranked in SQL as the rule orders a device's records (``history.order``: this fleet's
+# measurements first, then the cheapest, then the first stored) so that a page of
+# thousands of groups is read from the index; unlike the pretuned log it does not decode
+# configs, so it may show a record outside the template's space.
 # ``ix_records_groups`` holds every column the grouping reads, so the cheapest of each
 # group is found from the index alone; ``source`` is read only for those winners, and an
 # imported one's group is searched again, cheapest first, for a measurement.
@@ -313,20 +438,39 @@ def _winner_ids(groups: Any) -> Any:
 
 
 def pretuned_log(session: Session, target: Target) -> tuple[list[str], str]:
-    """Best record per (device model, workload) among ``target``'s records (measured
-    first, then cheapest: ``_winner_ids``), as AutoTVM lines, plus an ETag that changes
-    whenever the answer does.
+    """Best record per (device model, workload) among ``target``'s records, as AutoTVM
+    lines, plus an ETag that changes whenever the answer does.
 
-    Every stored line is ``json.dumps(Record.to_json())`` (inserts go through
-    ``record_row``; a JSON column keeps the text it was given), which is exactly
-    ``Record.to_line()``: the text is sent as stored, neither parsed nor validated again
-    (4x faster for thousands of lines)."""
-    winners = _winner_ids(_group_best(_target_filter(target)).subquery())
-    lines = list(session.scalars(
-        select(cast(RecordRow.line, Text)).where(RecordRow.id.in_(winners))
-        .order_by(RecordRow.target_model, RecordRow.workload_key)))
-    etag = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:32]
-    return lines, f'"{etag}"'
+    Each group's winner is the rule's this-device choice (``history.order`` then
+    ``history.pick``, limits unknown): measured first, then cheapest, then first stored,
+    and only a config that decodes in the template's space. A line is sent as stored
+    (every stored line is ``Record.to_line()``), not re-serialised."""
+    groups: dict[tuple[str, str], list[Stored[int]]] = {}  # (workload key, model)
+    rows = session.execute(select(*_STORED, RecordRow.target_model)
+                           .where(RecordRow.error_no == 0, *_target_filter(target))
+                           .order_by(RecordRow.id))
+    for row_id, key, text, cost, error_no, source, model in rows:
+        row_target = _target_of(text)
+        if row_target is not None:
+            groups.setdefault((key, model), []).append(
+                Stored(row_id, row_target, cost, error_no, source == "measured"))
+    ordered = {group: [e.item for e in order(entries, True)]
+               for group, entries in groups.items()}
+    lines = _Lines(session)
+    lines.load(ids[0] for ids in ordered.values() if ids)
+    winners: list[tuple[str, str, str]] = []
+    # workload by workload, so the template's space is built once for all its models
+    for (key, model), ids in sorted(ordered.items()):
+        workload = _workload_of(key)
+        if workload is None:
+            continue
+        candidates = (Ranked(THIS_DEVICE, None, i) for i in ids)
+        verdict = pick(workload, candidates, lines.reader(ids, whole=False))
+        if verdict.winner is not None:
+            winners.append((model, key, lines.texts[verdict.winner.item]))
+    out = [text for _model, _key, text in sorted(winners)]
+    etag = hashlib.sha256("\n".join(out).encode()).hexdigest()[:32]
+    return out, f'"{etag}"'
 
 
 def workload_flops(template: str, args: Any) -> float | None:
@@ -342,24 +486,6 @@ def _flops(template: str, args_json: str) -> float | None:
     except Exception:  # noqa: BLE001 - any template failure just means "no figure"
         return None
     return flops if flops > 0 else None
-
-
-@dataclass(frozen=True)
-class RecordSummary:
-    """A record as the dashboard lists it: what it is for, how fast, which config."""
-
-    id: int
-    target: str
-    template: str
-    workload_key: str
-    args: list[Any]
-    error_no: int
-    cost: float | None  # mean seconds; None when it failed
-    gflops: float | None
-    config: dict[str, Any]
-    knobs: dict[str, Any]  # knob name -> value, from the config's entity
-    timestamp: float
-    worker: str | None
 
 
 def _summary(row: Any) -> RecordSummary:
@@ -385,9 +511,9 @@ def search(session: Session, target: Target | None = None, template: str | None 
     """Records matching the filters (``workload_contains``: a substring of the workload
     key, e.g. ``1,64,56,56``, in any case), with (total, page).
 
-    ``best_only``: one row per (device model, workload), its winner as the pretuned log
-    picks it (measured first, then cheapest), ordered by template and workload; else
-    every record, newest first."""
+    ``best_only``: one row per (device model, workload), its winner in the rule's order
+    (measured first, then cheapest) without the config check, ordered by template and
+    workload; else every record, newest first."""
     clauses: list[Any] = []
     if target is not None:
         clauses += _target_filter(target)

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from compiler.templates import get_template
 from schemas import Config, DeviceLimits, MeasureResult, Record, Target, Workload
+from schemas.api import ACTIVE, FINAL, JobStatus, TaskStatus, TrialStatus
 from schemas.text import first_problem
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import DispatchQueue, queue_matches, queue_name
@@ -29,13 +30,7 @@ from tuner_server.search import TUNERS, Tuner, make_tuner
 from tuner_server.search.base import perf_of
 from tuner_server.search.transfer import Example, GlobalModels
 from tuner_server.services import dispatch
-from tuner_server.services.jobs import (
-    ACTIVE,
-    FINAL,
-    all_failed,
-    error_counts,
-    withdraw_queued,
-)
+from tuner_server.services.jobs import all_failed, error_counts, withdraw_queued
 
 log = logging.getLogger("tuner.scheduler")
 # The database itself failing: the pass fails and is retried; no task is blamed for it.
@@ -186,13 +181,14 @@ def _limits_for(fleet: list[tuple[list[str], DeviceLimits]],
 def _end_task(session: Session, task: TaskRow) -> None:
     """A task at its end is done, or failed when every trial it recorded failed."""
     reason = all_failed(error_counts(session, [task.id]))
-    task.status, task.error = ("failed", reason) if reason else ("done", None)
+    task.status, task.error = ((TaskStatus.FAILED, reason) if reason
+                               else (TaskStatus.DONE, None))
 
 
 def _plan_task(session: Session, job: JobRow, task: TaskRow,
                limits: DeviceLimits | None, state: SearchState) -> list[TrialRow]:
     outstanding = session.scalar(select(func.count()).select_from(TrialRow).where(
-        TrialRow.task_id == task.id, TrialRow.status.in_(("queued", "leased")))) or 0
+        TrialRow.task_id == task.id, TrialRow.status.in_((TrialStatus.QUEUED, TrialStatus.LEASED)))) or 0
     if task.trials_done >= job.n_trial or _stopped_early(task, job):
         _end_task(session, task)
         if outstanding:  # early stop: the rest of the plan is not needed
@@ -221,10 +217,10 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow,
         return []
     queue = queue_name(Target.parse(job.target))
     trials = [TrialRow(task_id=task.id, queue=queue, config=c.to_json(), config_index=c.index,
-                       status="queued", attempts=0) for c in configs]
+                       status=TrialStatus.QUEUED, attempts=0) for c in configs]
     session.add_all(trials)
     task.trials_planned += len(trials)
-    task.status = "running"
+    task.status = TaskStatus.RUNNING
     return trials
 
 
@@ -236,10 +232,11 @@ def _fail_tasks(session: Session, job_id: int, task_ids: list[int] | None,
     if task_ids is not None:
         where.append(TaskRow.id.in_(task_ids))
     with _guarded(session, f"failing job {job_id}'s tasks"):
-        session.execute(update(TaskRow).where(*where).values(status="failed", error=reason)
+        session.execute(update(TaskRow).where(*where)
+                        .values(status=TaskStatus.FAILED, error=reason)
                         .execution_options(synchronize_session="fetch"))
         withdraw_queued(session, select(TaskRow.id).where(TaskRow.job_id == job_id,
-                                                          TaskRow.status == "failed"))
+                                                          TaskRow.status == TaskStatus.FAILED))
 
 
 @contextmanager
@@ -276,13 +273,15 @@ def _settle(session: Session, job: JobRow) -> None:
                            .where(TaskRow.job_id == job.id).order_by(TaskRow.id)).all()
     statuses = [status for _, status, _ in rows]
     if all(status in FINAL for status in statuses):
-        failed = [(task_id, error) for task_id, status, error in rows if status == "failed"]
+        failed = [(task_id, error) for task_id, status, error in rows
+                  if status == TaskStatus.FAILED]
         if rows and len(failed) == len(rows):
-            job.status, job.error = "failed", _job_failure(session, failed)[:MAX_REASON]
+            job.status = JobStatus.FAILED
+            job.error = _job_failure(session, failed)[:MAX_REASON]
         else:
-            job.status = "done"
-    elif "running" in statuses:
-        job.status = "running"
+            job.status = JobStatus.DONE
+    elif TaskStatus.RUNNING in statuses:
+        job.status = JobStatus.RUNNING
 
 
 def _fail_job(session: Session, job_id: int, reason: str) -> list[TrialRow]:
@@ -292,7 +291,7 @@ def _fail_job(session: Session, job_id: int, reason: str) -> list[TrialRow]:
     _fail_tasks(session, job_id, None, reason)
     with _guarded(session, f"failing job {job_id}"):
         session.execute(update(JobRow).where(JobRow.id == job_id)
-                        .values(status="failed", error=reason)
+                        .values(status=JobStatus.FAILED, error=reason)
                         .execution_options(synchronize_session="fetch"))
     return []
 

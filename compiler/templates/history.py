@@ -1,0 +1,164 @@
+"""AutoTVM's ApplyHistoryBest, written once: which stored record wins for a workload on a
+target. Pure code over templates and plain values (no I/O): the server's records/best
+and pretuned log, and the compiler's fallback chain, all rank and check through it.
+
+The rule: records with error_no 0 and a finite positive cost only; first the records
+of this device (same kind and ``-model``; a target without a model has none), then
+those of other devices by each of the target's keys in order; in each tier the cheapest
+first, of equal costs the first stored. The first candidate whose config decodes in the
+template's current space and fits the device's limits, when they are known, wins.
+On this device a measurement of the fleet outranks any imported record (an import
+counts there only where nothing was measured); AutoTVM has no such distinction, and a
+log file's records are all alike."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Generic, TypeVar
+
+from compiler.templates import UnknownTemplateError, get_template
+from compiler.templates.base import ConfigError, Template, WorkloadError
+from schemas import Config, DeviceLimits, Target, Workload
+from schemas.measure import FAILED_COST, MeasureResult
+
+THIS_DEVICE = "this device"
+OTHER_DEVICE = "other device"
+
+NOT_IN_SPACE = "not in config space"
+OVER_LIMITS = "over device limits"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Stored(Generic[T]):
+    """One stored record as the rule ranks it, before its config is read; ``item`` is
+    the caller's handle on it (a record, a database row id), handed back in ``Ranked``.
+    A sequence of these is in storage order: that order breaks ties."""
+
+    item: T
+    target: Target
+    cost: float  # mean seconds
+    error_no: int
+    measured: bool = False  # the fleet's own measurement, not an imported line
+
+
+@dataclass(frozen=True)
+class Ranked(Generic[T]):
+    """A candidate placed in its tier: ``source`` and, for other devices, the key matched."""
+
+    source: str  # THIS_DEVICE or OTHER_DEVICE
+    key: str | None
+    item: T
+
+
+@dataclass(frozen=True)
+class Rejected(Generic[T]):
+    """A candidate passed over, and why (NOT_IN_SPACE or OVER_LIMITS)."""
+
+    ranked: Ranked[T]
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Verdict(Generic[T]):
+    """The winner of one workload (None: no stored record may be used) and the
+    better-ranked candidates passed over on the way."""
+
+    winner: Ranked[T] | None
+    rejected: tuple[Rejected[T], ...]
+
+
+def cost_of(result: MeasureResult) -> float:
+    """The mean cost the rule ranks by: infinite (never usable) unless error_no is 0 and
+    every cost is finite and positive, so a -1.0 or NaN never outranks a measurement."""
+    if not result.ok or not result.costs or not all(
+            math.isfinite(c) and c > 0 for c in result.costs):
+        return math.inf
+    return result.mean_cost
+
+
+def usable(entry: Stored[T]) -> bool:
+    """Whether the rule ranks the entry at all: error_no 0 and a finite positive cost."""
+    return entry.error_no == 0 and math.isfinite(entry.cost) and 0 < entry.cost < FAILED_COST
+
+
+def same_device(record: Target, target: Target) -> bool:
+    """Same kind and ``-model``; a target without a model has no "this device" records."""
+    return (target.model != "unknown" and record.kind == target.kind
+            and record.model == target.model)
+
+
+def order(entries: Sequence[Stored[T]], measured_first: bool = False) -> list[Stored[T]]:
+    """The usable entries of one tier, best first: (measurements first, when asked)
+    cheapest first, of equal costs the first stored."""
+    indexed = [(i, e) for i, e in enumerate(entries) if usable(e)]
+    indexed.sort(key=lambda p: (measured_first and not p[1].measured, p[1].cost, p[0]))
+    return [e for _, e in indexed]
+
+
+def rank(entries: Sequence[Stored[T]], target: Target) -> list[Ranked[T]]:
+    """One workload's entries in the order ApplyHistoryBest tries them: this device
+    (measured first), then each of ``target.keys`` in order; entries that failed or
+    share no key with the target are left out."""
+    ranked: list[Ranked[T]] = []
+    taken: set[int] = set()
+    here = [e for e in entries if same_device(e.target, target)]
+    for entry in order(here, measured_first=True):
+        ranked.append(Ranked(THIS_DEVICE, None, entry.item))
+        taken.add(id(entry))
+    for key in target.keys:
+        tier = [e for e in entries if id(e) not in taken and key in e.target.keys]
+        for entry in order(tier):
+            ranked.append(Ranked(OTHER_DEVICE, key, entry.item))
+            taken.add(id(entry))
+    return ranked
+
+
+def problem(workload: Workload, config: Config,
+            limits: DeviceLimits | None) -> tuple[str, str] | None:
+    """Why ``config`` may not be used for ``workload`` (reason, detail), or None: it must
+    decode in the template's current space and fit ``limits`` when they are known. A
+    template this library lacks cannot be checked: its records count as AutoTVM's do."""
+    try:
+        template = get_template(workload.template)
+    except UnknownTemplateError:
+        return None
+    return _problem(template, workload, config, limits)
+
+
+@lru_cache(maxsize=65536)
+def _problem(template: Template, workload: Workload, config: Config,
+             limits: DeviceLimits | None) -> tuple[str, str] | None:
+    # Remembered: a pretuned log checks thousands of winners, most of them again on the
+    # next fetch; the template object is in the key, so a re-registered one is asked anew.
+    try:
+        template.decode(workload, config)
+    except (ConfigError, WorkloadError) as err:
+        return NOT_IN_SPACE, str(err)
+    if limits is not None:
+        problems = template.check_limits(workload, config, limits)
+        if problems:
+            return OVER_LIMITS, "; ".join(problems)
+    return None
+
+
+def pick(workload: Workload, ranked: Iterable[Ranked[T]], config_of: Callable[[T], Config | None],
+         limits: DeviceLimits | None = None) -> Verdict[T]:
+    """The first of ``ranked`` whose config passes ``problem``; ``config_of`` reads a
+    candidate's config (None: unreadable, skipped), so a caller may load configs lazily,
+    in rank order, only as far as the winner."""
+    rejected: list[Rejected[T]] = []
+    for cand in ranked:
+        config = config_of(cand.item)
+        if config is None:
+            continue
+        why = problem(workload, config, limits)
+        if why is None:
+            return Verdict(cand, tuple(rejected))
+        rejected.append(Rejected(cand, *why))
+    return Verdict(None, tuple(rejected))

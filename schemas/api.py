@@ -1,0 +1,354 @@
+"""The REST wire contract: every request and response body of the REST API and the
+job, task and trial states, shared by the server's routes and ``tuner_client``.
+
+Field names and shapes are the API's: changing one breaks every client. States are
+str enums whose values are the strings stored in the database and sent as JSON.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
+
+from schemas.device import DeviceLimits
+from schemas.measure import (
+    MAX_INFO_CHARS,
+    MeasureOptions,
+    MeasureResult,
+    check_info,
+    check_measurement,
+)
+from schemas.target import Target
+from schemas.text import check_text
+from schemas.workload import Workload
+
+# Ids are INTEGER columns (32 bits on PostgreSQL): a larger number matches nothing, so
+# the API refuses it as a 422 naming the field instead of overflowing the driver.
+MAX_ID = 2**31 - 1
+Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+
+# The search strategy a job gets unless it names one (the server's ``tuner_server.search``
+# registers a tuner of this name).
+DEFAULT_TUNER = "lgbm"
+# POST /records/best answers at most this many workloads a request.
+MAX_BEST_WORKLOADS = 1000
+# POST /records/import names at most this many refused lines (``refused`` counts all).
+MAX_REPORTED_ERRORS = 100
+
+
+# --------------------------------------------------------------------------- states
+
+class JobStatus(StrEnum):
+    """A job's state; a task goes through the same ones (:data:`TaskStatus`)."""
+
+    QUEUED = "queued"  # submitted, nothing planned yet
+    RUNNING = "running"  # trials planned
+    DONE = "done"  # every task reached its budget or stopped early
+    CANCELLED = "cancelled"
+    FAILED = "failed"  # every trial of a task failed (``error`` says why)
+
+    @property
+    def final(self) -> bool:
+        """It will not change again."""
+        return self in FINAL
+
+
+# A task lives a job's states: one enum, so one set of final states.
+TaskStatus = JobStatus
+
+FINAL: frozenset[JobStatus] = frozenset(
+    {JobStatus.DONE, JobStatus.CANCELLED, JobStatus.FAILED})
+ACTIVE: frozenset[JobStatus] = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
+
+
+class TrialStatus(StrEnum):
+    """A trial's place in the dispatch queue."""
+
+    QUEUED = "queued"  # waiting for a worker
+    LEASED = "leased"  # a worker holds it until its lease deadline
+    DONE = "done"  # its result is recorded (failures included)
+    CANCELLED = "cancelled"  # its job was cancelled before it was measured
+
+
+# --------------------------------------------------------------------------- errors
+
+class ErrorBody(BaseModel):
+    """Every refusal (4xx, 503): one line saying what is wrong and, where it can, what
+    to do."""
+
+    detail: str
+
+
+# --------------------------------------------------------------------------- jobs
+
+class JobRequest(BaseModel):
+    """``POST /jobs``: tasks to tune on a target, and how."""
+
+    target: Target
+    tasks: list[Workload] = Field(min_length=1, max_length=1000)
+    n_trial: int = Field(64, ge=1, le=1_000_000, description="trials per task")
+    tuner: str = Field(DEFAULT_TUNER, max_length=32,
+                       description="the server's search strategy (lgbm, ga, random, grid); "
+                                   "a name it does not know is refused with the list")
+    early_stopping: int | None = Field(None, ge=1, le=MAX_ID)
+    plan_size: int = Field(16, ge=1, le=4096)
+    measure: MeasureOptions = MeasureOptions()
+
+
+class JobCreated(BaseModel):
+    id: int
+
+
+class CurvePoint(BaseModel):
+    """A tuning curve's step: the trial that improved on every earlier one."""
+
+    trial: int
+    best_cost: float
+    best_gflops: float | None
+
+
+class TaskView(BaseModel):
+    id: int
+    template: str
+    args: list[Any]
+    status: TaskStatus
+    trials_done: int
+    trials_planned: int
+    n_trial: int
+    best_cost: float | None
+    best_gflops: float | None
+    error: str | None
+    curve: list[CurvePoint] | None = Field(
+        None, description="improvements in order; only where the job was asked with curves")
+
+
+class JobView(BaseModel):
+    """A job as ``GET /jobs[/{id}]`` shows it: progress, ETA, best GFLOP/s, and
+    whether it waits for a worker (none alive serves its target)."""
+
+    id: int
+    target: str
+    status: JobStatus
+    tuner: str
+    n_trial: int
+    early_stopping: int | None
+    error: str | None
+    created_at: str | None = Field(description="ISO 8601")
+    trials_done: int
+    trials_total: int
+    progress: float = Field(description="0..1; a task that stopped early counts as complete")
+    eta_s: float | None = Field(description="seconds left at the recent pace; null: unknown")
+    best_gflops: float | None
+    waiting_for_worker: bool
+    note: str | None = Field(description="what to do when it waits for a worker")
+    tasks: list[TaskView]
+
+
+class JobCancelled(BaseModel):
+    """``POST /jobs/{id}/cancel``: the job's state after (a job that had ended
+    keeps its state)."""
+
+    id: int
+    status: JobStatus
+
+
+class TrialPoint(BaseModel):
+    trial: int = Field(description="1-based, in the order results were stored")
+    id: int = Field(description="the trial's id (what `after` takes)")
+    gflops: float | None = Field(description="null when the trial failed")
+    error_no: int = Field(description="AutoTVM's MeasureErrorNo; 0 is success")
+    cost: float | None = Field(description="mean seconds; null when the trial failed")
+
+
+class TrialPage(BaseModel):
+    task_id: int
+    status: TaskStatus
+    trials_done: int
+    items: list[TrialPoint]
+
+
+# --------------------------------------------------------------------------- workers
+
+class WorkerRegistration(BaseModel):
+    name: str = Field(min_length=1, max_length=128)
+    target: Target
+    limits: DeviceLimits = DeviceLimits()
+    device: str | None = Field(None, min_length=1, max_length=255,
+                               description="the device's own name, e.g. NVIDIA H200")
+
+    @field_validator("name", "device")
+    @classmethod
+    def _printable(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # stored in VARCHAR columns and shown on terminals: PostgreSQL refuses NUL
+        return value if value is None else check_text(value, str(info.field_name))
+
+
+class Registered(BaseModel):
+    """A registration's answer: the worker's id and the token that speaks for it alone."""
+
+    id: int
+    token: str
+
+
+class Deregistered(BaseModel):
+    id: int
+    released: int = Field(description="leased trials given back to the queue")
+
+
+class WorkerInfo(BaseModel):
+    id: int
+    name: str
+    target: str
+    device: str = Field(description="the device's name, else the target's model")
+    last_heartbeat: float = Field(description="unix seconds of its last contact")
+    alive: bool = Field(description="serving: not deregistered, and seen within the "
+                                    "server's lease time")
+    stopped: bool = Field(description="deregistered (the worker stopped)")
+    trials_per_minute: float = Field(description="results in the last 10 minutes / 10")
+    error_rate: float | None = Field(
+        description="share of the last 10 minutes' results with error_no != 0; "
+                    "null without results")
+    trials_done: int
+
+
+class LeaseRequest(BaseModel):
+    max_trials: int = Field(1, ge=1, le=1024)
+    wait_s: float = Field(10.0, ge=0, le=60, description="long-poll: wait this long for work")
+
+
+class LeasedTrial(BaseModel):
+    """One trial to measure. ``config`` and ``measure`` stay raw JSON here: a trial
+    whose stored config or options do not decode is the worker's to report as that
+    trial's failure (error 1), not a lease the server cannot answer."""
+
+    trial_id: int
+    task_id: int
+    template: str
+    args: list[Any]
+    config: dict[str, Any] = Field(description="AutoTVM's config object")
+    target: str = Field(description="the job's target")
+    measure: dict[str, Any] = Field(description="the job's MeasureOptions")
+    lease_deadline: float | None = Field(description="unix seconds; heartbeat before it")
+
+
+class LeaseAnswer(BaseModel):
+    trials: list[LeasedTrial]
+    lease_seconds: float = Field(description="the server's lease: beat well inside it")
+
+
+class TrialIds(BaseModel):
+    trial_ids: list[Id] = Field(max_length=4096)
+
+
+class TrialResult(BaseModel):
+    trial_id: Id
+    result: MeasureResult
+    info: dict[str, Any] | None = Field(
+        None, description=f"kept with the record; at most {MAX_INFO_CHARS} characters of JSON")
+
+    @field_validator("info")
+    @classmethod
+    def _small(cls, info: dict[str, Any] | None) -> dict[str, Any] | None:
+        return info if info is None else check_info(info)
+
+    @field_validator("result")
+    @classmethod
+    def _measured(cls, result: MeasureResult) -> MeasureResult:
+        check_measurement(result)  # the rule records import applies too
+        return result
+
+
+class Results(BaseModel):
+    results: list[TrialResult] = Field(max_length=4096)
+
+
+class ResultsAccepted(BaseModel):
+    accepted: int = Field(description="results stored now")
+    duplicates: int = Field(description="results stored before (a retry): ignored")
+
+
+class HeartbeatAnswer(BaseModel):
+    extended: int = Field(description="leases extended")
+
+
+class Released(BaseModel):
+    released: int = Field(description="trials given back to the queue")
+
+
+# --------------------------------------------------------------------------- records
+
+class RecordPage(BaseModel):
+    """``GET /records``: records as AutoTVM JSON lines (objects), and how many
+    match in all."""
+
+    total: int
+    items: list[dict[str, Any]]
+
+
+class RecordSummary(BaseModel):
+    """A record as the dashboard lists it: what it is for, how fast, which config."""
+
+    id: int
+    target: str
+    template: str
+    workload_key: str
+    args: list[Any]
+    error_no: int
+    cost: float | None = Field(description="mean seconds; null when it failed")
+    gflops: float | None = Field(description="null when it failed or FLOPs are unknown")
+    config: dict[str, Any] = Field(description="AutoTVM's config object")
+    knobs: dict[str, Any] = Field(description="knob name -> value")
+    timestamp: float
+    worker: str | None
+
+
+class RecordSearchPage(BaseModel):
+    total: int
+    items: list[RecordSummary]
+
+
+class BestRequest(BaseModel):
+    target: str = Field(max_length=1000)
+    workloads: list[Workload] = Field(min_length=1, max_length=MAX_BEST_WORKLOADS)
+
+
+class BestItem(BaseModel):
+    workload: Workload
+    rule: str = Field(description="model, target_key:<key> or none")
+    record: dict[str, Any] | None = Field(description="an AutoTVM JSON line; null: none")
+
+
+class BestResponse(BaseModel):
+    items: list[BestItem]
+
+
+class LineError(BaseModel):
+    line: int = Field(description="1-based line number in the body")
+    error: str
+
+
+class ImportResponse(BaseModel):
+    accepted: int = Field(description="lines stored now")
+    duplicates: int = Field(0, description="valid lines stored before (identical input, "
+                                           "config and result): not stored again")
+    refused: int = Field(description="lines refused; `errors` names the first "
+                                     f"{MAX_REPORTED_ERRORS}")
+    errors: list[LineError]
+
+
+# --------------------------------------------------------------------------- health
+
+class Health(BaseModel):
+    """``/healthz``: the process answers."""
+
+    status: str
+
+
+class Readiness(BaseModel):
+    """``/readyz``: ``ok``, or ``unavailable: <why>`` for the database and the queue."""
+
+    status: str
+    database: str
+    queue: str

@@ -1,0 +1,96 @@
+"""Models as values: load one, list its tasks, build it with the best records known.
+
+``with apply_history_best(records):`` makes ``records`` the source of every
+``tuner.build`` inside the block that names none, as AutoTVM's context does for
+``relay.build``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from compiler.ir import Graph
+from compiler.records import RecordSource
+from compiler.tasks import Task
+from schemas import Target
+
+if TYPE_CHECKING:
+    from compiler.build_module import Module
+    from compiler.runtime import Device
+
+Model = Graph | str | Path | Any  # a Graph, an .onnx path or an onnx.ModelProto
+
+_active: ContextVar[RecordSource | None] = ContextVar("tuner_records", default=None)
+
+
+@contextmanager
+def apply_history_best(records: RecordSource | str | Path | Sequence[str | Path]
+                       ) -> Iterator[RecordSource]:
+    """Builds inside the block that name no records use ``records`` (a source, or log
+    files / a server URL as ``tuner.records.source`` takes them)."""
+    from tuner.records import source
+
+    chosen = records if isinstance(records, RecordSource) else source(records)
+    mark = _active.set(chosen)
+    try:
+        yield chosen
+    finally:
+        _active.reset(mark)
+
+
+def current_records() -> RecordSource | None:
+    """The source of the innermost ``apply_history_best`` block, if any."""
+    return _active.get()
+
+
+def _target(target: str | Target) -> Target:
+    return target if isinstance(target, Target) else Target.parse(target)
+
+
+def load(model: Model, quantize: bool = False, qconfig: Sequence[str] = ()) -> Graph:
+    """A model as an optimized graph (int8 convs with ``quantize``, TVM v0.5's qconfig
+    settings as ``KEY=VALUE`` strings), what tuning and building both start from."""
+    from compiler.build_module import load_graph
+    from compiler.passes import optimize
+
+    graph = load_graph(model)
+    if quantize:
+        from compiler.passes.quantize import QConfig
+        from compiler.passes.quantize import quantize as run
+
+        graph = run(graph, QConfig.from_pairs(list(qconfig)))
+    elif qconfig:
+        raise ValueError("qconfig: needs quantize=True")
+    return optimize(graph)
+
+
+def extract_tasks(model: Model, target: str | Target, quantize: bool = False,
+                  qconfig: Sequence[str] = ()) -> list[Task]:
+    """The model's conv2d/dense tasks for ``target``, in first-use order: each task's
+    workload (what records are keyed by), template, layers and FLOPs; what ``tuner
+    tasks`` prints and ``tuner.tune`` tunes."""
+    from compiler.tasks import extract_tasks as extract
+
+    return extract(load(model, quantize, qconfig), _target(target))
+
+
+def build(model: Model, target: str | Target | None = None,
+          records: RecordSource | None = None, device: Device | str | None = None,
+          quantize: bool = False, qconfig: Sequence[str] = (),
+          optimized: bool = False) -> Module:
+    """Build ``model`` for the local device matching ``target`` (or ``device``, e.g.
+    ``opencl:0``) with the best config of every task from ``records`` (default: the
+    enclosing ``apply_history_best``; without one, every template's default).
+    ``optimized``: ``model`` is a graph :func:`load` already returned."""
+    from compiler.build_module import build as compile_graph
+    from compiler.build_module import load_graph
+    from compiler.runtime import open_device
+
+    if device is None or isinstance(device, str):
+        device = open_device(device, target=str(target) if target is not None else None)
+    source = records if records is not None else current_records()
+    graph = load_graph(model) if optimized else load(model, quantize, qconfig)
+    return compile_graph(graph, records=source, device=device, optimized=True)
