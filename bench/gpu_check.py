@@ -5,7 +5,7 @@ script's table cell) and exits 0 when the check passes.
     python -m bench.gpu_check cuda            # pycuda importable and a CUDA device there?
     python -m bench.gpu_check limits DEVICE   # the issue's three launch-limit configs
     python -m bench.gpu_check recovery DEVICE # bad, good, good -> 4, 0, 0
-    python -m bench.gpu_check timing DEVICE   # a short kernel: number=1 vs number=1000
+    python -m bench.gpu_check timing DEVICE   # a short kernel: 1 vs 1000 launches, hold on/off
     python -m bench.gpu_check baseline MODEL  # onnxruntime CUDA or PyTorch+cuDNN, if present
 
 Run from the repository root (``-m``): the measuring child imports this module to
@@ -151,25 +151,43 @@ def recovery(device: str) -> int:
 
 
 def timing(device: str) -> int:
-    """A few-microsecond kernel timed one launch a cost and 1000 a cost: when the
-    kernel, not the host's launch, is timed, the two agree."""
-    from compiler.runtime.measure import MeasureRequest
+    """A kernel of a few microseconds timed one launch at a time (the median of 50) and
+    1000 launches at a time, with the hold kernel (as measured now) and without it (as
+    before): with the hold the two agree, so the kernel, not the host's launch rate, is
+    timed. Prints the SM clock after, which says the GPU was not at idle clocks."""
+    import subprocess
+
+    from compiler.runtime import open_device
+    from compiler.runtime.measure import task_operands
 
     template = get_template("dense_small_batch.gpu")
     wl = _workload(template.name, SHORT_DENSE)
     config = template.default_config(wl)
-    single, queued = _measure(device, [
-        MeasureRequest(template.name, wl, config, MeasureOptions(number=1, repeat=5)),
-        MeasureRequest(template.name, wl, config, MeasureOptions(number=1000, repeat=3)),
-    ])
-    if single.error_no or queued.error_no:
-        print(f"errors {int(single.error_no)}, {int(queued.error_no)}: "
-              f"{single.error_msg or queued.error_msg}")
-        return 1
-    one, many = statistics.median(single.costs), statistics.median(queued.costs)
-    ratio = one / many
-    print(f"dense 1x2048x1000: number=1 {one * 1e6:.2f} us, number=1000 {many * 1e6:.2f} us,"
-          f" ratio {ratio:.2f} (expected < 1.5)")
+    with open_device(device) as dev:
+        kernel = template.codegen(wl, config, dev.dialect)
+        program = dev.build(kernel)
+        arrays, _ = task_operands(template.name, wl, Epilogue(), 0)
+        out = kernel.buffers[-1]
+        buffers = [dev.upload(a) for a in template.kernel_inputs(wl, config, arrays)]
+        buffers.append(dev.alloc(out.shape, out.dtype))
+        figures: dict[bool, tuple[float, float]] = {}
+        for held in (False, True, False, True):  # the second pair, clocks warm, counts
+            dev.holds_queue = held
+            one = statistics.median(dev.time(program, kernel, buffers, 1) for _ in range(50))
+            many = statistics.median(dev.time(program, kernel, buffers, 1000)
+                                     for _ in range(3))
+            figures[held] = (one, many)
+    try:
+        clock = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm",
+                                "--format=csv,noheader"], capture_output=True, text=True,
+                               check=False, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        clock = ""
+    (one0, many0), (one1, many1) = figures[False], figures[True]
+    ratio = one1 / many1
+    print(f"dense 1x2048x1000 us per launch, 1 vs 1000 launches: without hold "
+          f"{one0 * 1e6:.2f} vs {many0 * 1e6:.2f}, with hold {one1 * 1e6:.2f} vs "
+          f"{many1 * 1e6:.2f} (ratio {ratio:.2f}, expected < 1.5); SM clock {clock or '?'}")
     return 0 if ratio < 1.5 else 1
 
 

@@ -7,8 +7,10 @@ For a few short kernels on the local OpenCL device, side by side in one run:
 - ``before``: seconds per launch as the measurer timed before (each launch through
   pyopencl's call, which sets every argument again; the first event recorded on an idle
   queue), first to last event over ``number`` launches;
-- ``after``: ``Device.time`` (arguments set once per kernel; the launches queued behind
-  a hold kernel, so the device runs them back to back).
+- ``prepared``: ``Device.time`` as it runs on a CPU device (arguments set once per
+  kernel, each launch one enqueue);
+- ``held``: ``Device.time`` as it runs on a GPU (prepared, and the launches queued
+  behind a hold kernel, so the device runs them back to back).
 
 The overhead is per-launch time minus ``own``: what a timing adds that is not the kernel.
 Usage: python bench/launch_overhead.py [--number 1000] [--rounds 7]
@@ -45,7 +47,8 @@ class Row:
     name: str
     own: list[float]
     before: list[float]
-    after: list[float]
+    prepared: list[float]
+    held: list[float]
 
 
 def _unprepared(device: Any, program: Any, size: tuple[int, ...], block: tuple[int, ...],
@@ -70,13 +73,16 @@ def measure_kernel(device: Device, name: str, template_name: str, args: list[Any
     out = kernel.buffers[-1]
     buffers.append(device.alloc(out.shape, out.dtype))
     size = tuple(g * b for g, b in zip(kernel.grid, kernel.block))
-    row = Row(name, [], [], [])
+    row = Row(name, [], [], [], [])
+    device.holds_queue = True
     device.time(program, kernel, buffers, number)  # warm: caches, the hold's calibration
-    for _ in range(rounds):  # interleaved, so both see the same machine
+    for _ in range(rounds):  # interleaved, so all three see the same machine
         before, own = _unprepared(device, program, size, kernel.block, buffers, number)
         row.before.append(before)
         row.own.append(own)
-        row.after.append(device.time(program, kernel, buffers, number))
+        for held, into in ((False, row.prepared), (True, row.held)):
+            device.holds_queue = held
+            into.append(device.time(program, kernel, buffers, number))
     return row
 
 
@@ -91,18 +97,17 @@ def main() -> None:
         raise SystemExit("the 'before' way is pyopencl's call: use an OpenCL device")
     print(f"device: {device.info.name} ({device.info.platform}); {opts.number} launches "
           f"per timing, median of {opts.rounds} interleaved rounds")
-    print(f"{'kernel':30} {'own us':>8} {'before us':>10} {'after us':>9} "
-          f"{'overhead before':>16} {'after':>7} {'ratio':>7}")
+    print("per launch, us (overhead: per launch - own)")
+    print(f"{'kernel':30} {'own':>7} {'before':>8} {'prepared':>9} {'held':>7} "
+          f"{'overhead before':>16} {'prepared':>9} {'held':>7}")
     with device:
         for name, template_name, args in KERNELS:
             row = measure_kernel(device, name, template_name, args, opts.number, opts.rounds)
             own = statistics.median(row.own)
-            before = statistics.median(row.before)
-            after = statistics.median(row.after)
-            over_before, over_after = before - own, after - own
-            ratio = over_before / over_after if over_after > 0 else float("inf")
-            print(f"{name:30} {own * 1e6:8.2f} {before * 1e6:10.2f} {after * 1e6:9.2f} "
-                  f"{over_before * 1e6:16.2f} {over_after * 1e6:7.2f} {ratio:6.1f}x")
+            times = [statistics.median(t) for t in (row.before, row.prepared, row.held)]
+            over = [(t - own) * 1e6 for t in times]
+            print(f"{name:30} {own * 1e6:7.2f} {times[0] * 1e6:8.2f} {times[1] * 1e6:9.2f} "
+                  f"{times[2] * 1e6:7.2f} {over[0]:16.2f} {over[1]:9.2f} {over[2]:7.2f}")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ class MeasureOptions(BaseModel):
     repeat: int = Field(3, ge=1, le=1000, description="costs reported")
     min_repeat_ms: float = Field(0.0, ge=0, le=60_000, allow_inf_nan=False,
                                  description="raise number until a repeat lasts this "
-                                 "(at least 100 on a GPU, to warm its clocks)")
+                                 "(at least 100 on a GPU, to warm its clocks; launches "
+                                 "are timed in batches of 1000)")
     timeout_s: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False,
                              description="wall time for build + check + timing")
     check_correctness: bool = True

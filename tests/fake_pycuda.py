@@ -1,7 +1,9 @@
 """A stand-in for pycuda where no GPU can exist: it keeps CUDA's context rules (a stack
 of current contexts per thread; every call needs one current; a detached context is
-gone) and records which context each call ran in. It measures nothing: its events have
-no clock, so no number a test checks ever comes from it.
+gone, and only its creating thread can detach it) and pycuda's (a kernel keeps its
+module loaded), and records which context each call ran in. It measures nothing: an
+event's ``time_till`` is a fixed stand-in so that timing code runs, and no test reads
+a number from it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class Driver:
     """What the fake driver saw: (call, context name) in order, and what to break."""
 
     calls: list[tuple[str, str]] = field(default_factory=list)
+    launches: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)  # (entry, args)
+    stream: list[str] = field(default_factory=list)  # launches' entries and "event", in order
     fail: set[str] = field(default_factory=set)
     function_attributes: dict[str, int] = field(default_factory=lambda: {
         "MAX_THREADS_PER_BLOCK": 1024, "NUM_REGS": 32, "SHARED_SIZE_BYTES": 0})
@@ -62,6 +66,12 @@ class Context:
     def __init__(self, name: str) -> None:
         self.name = name
         self.detached = False
+        self.creator = threading.get_ident()
+
+    @staticmethod
+    def get_current() -> Context | None:
+        stack = DRIVER.stack()
+        return stack[-1] if stack else None
 
     def push(self) -> None:
         if self.detached:
@@ -80,6 +90,8 @@ class Context:
         DRIVER.current("synchronize")
 
     def detach(self) -> None:
+        if threading.get_ident() != self.creator:
+            return  # pycuda: from another thread the context is leaked, not destroyed
         if self in DRIVER.stack():
             raise Error("detach of a context still current: pop it first")
         self.detached = True
@@ -136,20 +148,29 @@ def memcpy_dtoh(out: np.ndarray, buffer: Allocation) -> None:
     out.fill(0)
 
 
+STAND_IN_MS = 1.0  # what every event pair "took": not a measurement, never asserted
+
+
 class Event:
     def record(self) -> None:
         DRIVER.current("event_record")
+        DRIVER.stream.append("event")
 
     def synchronize(self) -> None:
         DRIVER.current("event_synchronize")
 
+    def query(self) -> bool:
+        DRIVER.current("event_query")
+        return False  # still running: the hold outlasted the host
+
     def time_till(self, other: Event) -> float:
-        raise NotImplementedError("the fake driver has no clock: nothing is measured")
+        return STAND_IN_MS
 
 
 class Function:
-    def __init__(self, entry: str) -> None:
+    def __init__(self, entry: str, module: SourceModule) -> None:
         self.entry = entry
+        self.module = module  # as pycuda: the module stays loaded while a kernel lives
         self.arg_format: str | None = None
         self.launches: list[tuple[Any, ...]] = []
 
@@ -163,6 +184,8 @@ class Function:
     def prepared_async_call(self, grid: tuple[int, ...], block: tuple[int, ...],
                             stream: Any, *args: Any) -> None:
         DRIVER.current("launch")
+        DRIVER.launches.append((self.entry, args))
+        DRIVER.stream.append(self.entry)
         assert self.arg_format is not None, "prepared_async_call before prepare"
         assert len(args) == len(self.arg_format)
         assert all(isinstance(a, int if f == "P" else np.int32)
@@ -176,19 +199,17 @@ class SourceModule:
         ctx = DRIVER.current("module_load")
         if "#error" in source:
             raise CompileError("nvcc: #error in the source")
-        self.functions: dict[str, Function] = {}
-        name = ctx.name
-        # CUDA unloads a module in its context: record the context current at that time
-        weakref.finalize(self, _unloaded, name)
+        # pycuda unloads a module in its own context (activating it if need be), which
+        # must still exist then: record which, or that it was already destroyed
+        weakref.finalize(self, _unloaded, ctx)
 
     def get_function(self, entry: str) -> Function:
         DRIVER.current("get_function")
-        return self.functions.setdefault(entry, Function(entry))
+        return Function(entry, self)  # a new handle each time, as pycuda's
 
 
-def _unloaded(owner: str) -> None:
-    stack = DRIVER.stack()
-    DRIVER.calls.append(("module_unload", stack[-1].name if stack else "none"))
+def _unloaded(ctx: Context) -> None:
+    DRIVER.calls.append(("module_unload", "destroyed" if ctx.detached else ctx.name))
 
 
 def init() -> None:
@@ -213,13 +234,15 @@ def installed() -> Iterator[Driver]:
     names = ("MAX_THREADS_PER_BLOCK", "MAX_BLOCK_DIM_X", "MAX_BLOCK_DIM_Y", "MAX_BLOCK_DIM_Z",
              "MAX_SHARED_MEMORY_PER_BLOCK", "WARP_SIZE", "MULTIPROCESSOR_COUNT",
              "NUM_REGS", "SHARED_SIZE_BYTES")
-    driver.device_attribute = types.SimpleNamespace(**{n: n for n in names})
-    driver.function_attribute = driver.device_attribute
+    attributes = types.SimpleNamespace(**{n: n for n in names})
+    setattr(driver, "device_attribute", attributes)  # noqa: B010 - a module built here
+    setattr(driver, "function_attribute", attributes)  # noqa: B010
     compiler = types.ModuleType("pycuda.compiler")
-    compiler.SourceModule = SourceModule
-    compiler.CompileError = CompileError
+    setattr(compiler, "SourceModule", SourceModule)  # noqa: B010
+    setattr(compiler, "CompileError", CompileError)  # noqa: B010
     package = types.ModuleType("pycuda")
-    package.driver, package.compiler = driver, compiler
+    setattr(package, "driver", driver)  # noqa: B010
+    setattr(package, "compiler", compiler)  # noqa: B010
     saved = {n: sys.modules.get(n) for n in ("pycuda", "pycuda.driver", "pycuda.compiler")}
     sys.modules.update({"pycuda": package, "pycuda.driver": driver,
                         "pycuda.compiler": compiler})

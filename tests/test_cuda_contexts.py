@@ -56,6 +56,7 @@ def test_every_call_runs_in_the_devices_own_context(driver: fake_pycuda.Driver) 
     device.synchronize()
     device.download(buffers[0], (4,))
     device.unload()
+    del program  # a kernel keeps its module: it goes with the last one
     gc.collect()
     assert driver.stack() == []  # popped after each call
     calls = {call for call, _ in driver.calls}
@@ -110,7 +111,8 @@ def test_close_drops_modules_in_context_and_detaches(driver: fake_pycuda.Driver)
     device.build(kernel)
     device.close()
     gc.collect()
-    assert ("module_unload", "cuda:0") in driver.calls
+    unloads = [ctx for call, ctx in driver.calls if call == "module_unload"]
+    assert unloads == ["cuda:0"]  # before the context went, not after ("destroyed")
     assert device._ctx is None
     with pytest.raises(DeviceRuntimeError, match="closed"):
         device.upload(np.zeros(4, np.float32))
@@ -159,7 +161,7 @@ def test_registers_over_the_block_are_error_1_at_build(driver: fake_pycuda.Drive
 
 
 def test_static_shared_memory_over_the_device_is_error_1(driver: fake_pycuda.Driver) -> None:
-    kernel, workload = kernel_of()
+    _, workload = kernel_of()
     driver.function_attributes.update(SHARED_SIZE_BYTES=49152 + 1)
     result = measure(CUDADevice(0), MeasureRequest(DENSE, workload, tile_k(8),
                                                    MeasureOptions(number=1, repeat=1)))
@@ -171,3 +173,38 @@ def test_gpu_floor_under_min_repeat_ms() -> None:
     assert CUDADevice.min_repeat_ms.fget is not None  # a property: GPUs warm their clocks
     with fake_pycuda.installed():
         assert CUDADevice(0).min_repeat_ms >= 100
+
+
+def test_timing_queues_the_launches_behind_the_hold(driver: fake_pycuda.Driver) -> None:
+    """The hold kernel (prepared "Pi": its sink and an int32 step count) is launched
+    first, then the start event, the kernel's launches and the end event, all in the
+    device's context. Only the order and arguments are checked: the fake has no clock."""
+    device = CUDADevice(0)
+    kernel, _ = kernel_of()
+    program = device.build(kernel)
+    buffers = [device.alloc_bytes(16) for _ in kernel.buffers]
+    driver.launches.clear()
+    driver.stream.clear()
+    device.time(program, kernel, buffers, 5)
+    hold_args = [args for entry, args in driver.launches if entry == "tuner_hold"][-1]
+    assert isinstance(hold_args[0], int) and isinstance(hold_args[1], np.int32)
+    assert 1 <= int(hold_args[1]) <= 2**31 - 1
+    after = driver.stream[len(driver.stream) - 1 - driver.stream[::-1].index("tuner_hold"):]
+    k = kernel.entry
+    assert after == ["tuner_hold", "event",  # the hold, its end event
+                     "event", k, "event",  # the first launch between its events
+                     k, k, k,  # back to back
+                     "event", k, "event"]  # the last launch
+    assert {ctx for _, ctx in driver.calls} == {"cuda:0"}
+    assert driver.stack() == []
+
+
+def test_nested_calls_across_devices_run_in_the_right_context(
+        driver: fake_pycuda.Driver) -> None:
+    """A's call inside B's context (B's call inside A's, as an executor of two devices
+    might nest) still runs in A's context."""
+    first, second = CUDADevice(0), CUDADevice(1)
+    with first.current(), second.current():
+        buffer = first.alloc_bytes(16)
+    assert buffer.ctx.name == "cuda:0"
+    assert driver.stack() == []

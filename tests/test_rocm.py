@@ -26,8 +26,10 @@ from schemas import DeviceLimits
 
 
 class _NoExtension:
+    """Asking a driver for an extension's attribute it lacks fails (pyopencl's LogicError)."""
+
     def __get__(self, obj: object, owner: type) -> int:
-        raise RuntimeError("clGetDeviceInfo failed: INVALID_VALUE")  # as pyopencl's LogicError
+        raise RuntimeError("clGetDeviceInfo failed: INVALID_VALUE")
 
 
 def fake_device(vendor: str, wavefront: int | None = None) -> object:
@@ -41,8 +43,9 @@ def fake_device(vendor: str, wavefront: int | None = None) -> object:
                               "warp_size_nv": _NoExtension()})
     device = cls()
     device.__dict__.update(attrs)
-    if wavefront is not None:
+    if wavefront is not None:  # the driver reports it with its extension
         type(device).wavefront_width_amd = wavefront  # type: ignore[attr-defined]
+        device.extensions = "cl_khr_fp64 cl_amd_device_attribute_query"
     return device
 
 

@@ -114,22 +114,30 @@ class CUDADevice(Device):
 
     @contextmanager
     def current(self) -> Iterator[None]:
-        """This device's context current on this thread for the block (re-entrant)."""
+        """This device's context current on this thread for the block. Re-entrant: a
+        nested call pushes again only when another device's context came in between."""
         if self._ctx is None:
             raise DeviceRuntimeError(f"{self.info.spec} is closed")
         depth = getattr(self._depth, "n", 0)
-        if depth == 0:
+        pushed = depth == 0 or self._drv.Context.get_current() != self._ctx
+        if pushed:
             try:
                 self._ctx.push()
             except self._drv.Error as err:
                 raise DeviceRuntimeError(f"making the context current: {err}") from None
         self._depth.n = depth + 1
+        failed = True
         try:
             yield
+            failed = False
         finally:
             self._depth.n = depth
-            if depth == 0:
-                self._drv.Context.pop()
+            if pushed:
+                try:  # a pop reports errors of earlier asynchronous launches too
+                    self._drv.Context.pop()
+                except self._drv.Error as err:
+                    if not failed:  # never hide the error the block raised
+                        raise DeviceRuntimeError(f"leaving the context: {err}") from None
 
     def close(self) -> None:
         """Drop the modules inside the context, then release it: pycuda aborts at exit
@@ -258,6 +266,12 @@ class CUDADevice(Device):
         except self._drv.Error as err:
             raise DeviceRuntimeError(str(err)) from None
         return start, end
+
+    def _finished(self, handle: Any) -> bool:
+        try:
+            return bool(handle[1].query())
+        except self._drv.Error as err:
+            raise DeviceRuntimeError(str(err)) from None
 
     @_in_context
     def synchronize(self) -> None:

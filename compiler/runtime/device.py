@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -47,6 +47,7 @@ HOLD_SOURCE = {
                                                                            "int"),
 }
 MAX_HOLD_S = 0.5  # the longest a hold runs: past it the host is too slow to matter
+HOLD_MARGIN = 4.0  # a hold lasts this many times the host's enqueue time (+ 1 ms)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Device(ABC):
     def close(self) -> None:
         """Release the device (contexts, queues); the object is unusable after."""
 
-    def __enter__(self) -> Device:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -215,34 +216,68 @@ class Device(ABC):
         """Seconds per launch over ``number`` back-to-back launches, by device events
         on the first and the last.
 
-        Where the backend can, the launches are queued behind a busy kernel that lasts
+        Where the backend can, the launches are queued behind a hold kernel that lasts
         longer than the host takes to enqueue them: the first event is then not recorded
         on an idle queue and the device runs the launches back to back, so a kernel of a
-        few microseconds is timed, not the host's launch rate.
+        few microseconds is timed, not the host's launch rate. A hold that ended before
+        the host finished (its rate was learnt at lower clocks) is learnt from, and the
+        timing done once more behind a longer one.
         """
-        if self.holds_queue:
-            self._hold_queue(min(MAX_HOLD_S, 2 * number * self._enqueue_s + 2e-4))
-        began = perf_counter()
+        if not self.holds_queue:
+            return self._time_launches(program, kernel, buffers, number)
+        for attempt in (1, 2):
+            seconds = min(MAX_HOLD_S, HOLD_MARGIN * attempt * number * self._enqueue_s + 1e-3)
+            hold, steps = self._hold_queue(seconds)
+            began = perf_counter()
+            handles = [self.launch(program, kernel, buffers, timed=i in (0, number - 1))
+                       for i in range(number)]
+            self._enqueue_s = (perf_counter() - began) / number
+            ran_out = self._finished(hold)
+            cost = self.elapsed(handles[0], handles[-1]) / number
+            self._learn_hold(hold, steps)
+            if not ran_out or seconds >= MAX_HOLD_S:
+                break
+        return cost
+
+    def _time_launches(self, program: Any, kernel: Kernel, buffers: list[Any],
+                       number: int) -> float:
         handles = [self.launch(program, kernel, buffers, timed=i in (0, number - 1))
                    for i in range(number)]
-        self._enqueue_s = (perf_counter() - began) / number
         return self.elapsed(handles[0], handles[-1]) / number
 
-    def _hold_queue(self, seconds: float) -> None:
-        """Enqueue the hold kernel for about ``seconds`` of device time (not waited on)."""
+    def _finished(self, handle: Any) -> bool:
+        """Whether a timed launch has already completed (not waited on); False where
+        the backend cannot tell."""
+        return False
+
+    def flush(self) -> None:
+        """Submit what is enqueued to the device now (drivers that batch commands)."""
+
+    def _hold_queue(self, seconds: float) -> tuple[Any, int]:
+        """Enqueue the hold kernel for about ``seconds`` of device time (not waited on);
+        its timed handle and its steps."""
         if self._hold is None:
             module = self._compile(HOLD_SOURCE[self.dialect])
             self._hold = (self._function(module, HOLD_ENTRY), self.alloc_bytes(4))
         function, sink = self._hold
-        if not self._hold_rate:  # calibrate: steps until one hold lasts a millisecond
+        if not self._hold_rate:  # a first estimate: steps until one hold lasts 1 ms
             steps = 1 << 12
             while True:
                 handle = self._enqueue(function, (1, 1, 1), (1, 1, 1),
                                        [sink, np.int32(steps)], True)
                 took = self._elapsed(handle, handle)
-                if took >= 1e-3 or steps >= 1 << 28:
+                if took >= 1e-3 or steps >= 1 << 27:
                     break
                 steps *= 8
-            self._hold_rate = steps / max(took, 1e-9)
-        steps = int(min(seconds * self._hold_rate, 2**31 - 1))
-        self._enqueue(function, (1, 1, 1), (1, 1, 1), [sink, np.int32(steps)], False)
+            self._hold_rate = steps / max(took, 1e-6)
+        steps = max(1, int(min(seconds * self._hold_rate, 2**31 - 1)))
+        handle = self._enqueue(function, (1, 1, 1), (1, 1, 1), [sink, np.int32(steps)], True)
+        self.flush()
+        return handle, steps
+
+    def _learn_hold(self, handle: Any, steps: int) -> None:
+        """Keep the fastest rate a hold has run at: clocks rise under load, and a rate
+        learnt at idle clocks would make every later hold too short."""
+        took = self._elapsed(handle, handle)
+        if took > 0:
+            self._hold_rate = max(self._hold_rate, min(steps / took, 1e13))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from compiler.ir import TensorType
-from compiler.runtime.device import BuildError, Device
+from compiler.runtime.device import BuildError, Device, LaunchLimitError
 from compiler.templates import Kernel
 
 
@@ -164,6 +164,8 @@ class GraphExecutor:
             return self.device.build(step.kernel)
         except BuildError as err:
             raise BuildError(f"step {step.name}: {err}") from None
+        except LaunchLimitError as err:
+            raise LaunchLimitError(f"step {step.name}: {err}") from None
 
     @property
     def planned_bytes(self) -> int:

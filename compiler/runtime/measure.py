@@ -26,9 +26,9 @@ from compiler.templates import (
 )
 from schemas import Config, MeasureErrorNo, MeasureOptions, MeasureResult, Workload
 
-# Launches timed back to back at most, however short the kernel and high the
-# min_repeat_ms: CUDA queues about a thousand pending launches before a launch blocks,
-# and past that the host's launch rate, not the kernel, sets the time.
+# Launches timed back to back behind one hold at most: CUDA queues about a thousand
+# pending launches before a launch blocks, and past that the host's launch rate, not
+# the kernel, would set the time. More launches are timed in batches of this many.
 MAX_TIMED_LAUNCHES = 1000
 
 
@@ -176,9 +176,8 @@ def _measure(device: Device, request: MeasureRequest,
         floor_ms = max(opts.min_repeat_ms, device.min_repeat_ms)
         if floor_ms > 0:
             once = device.time(program, kernel, buffers, 1)
-            number = max(number, min(MAX_TIMED_LAUNCHES,
-                                     math.ceil(floor_ms / 1e3 / max(once, 1e-9))))
-        costs = [device.time(program, kernel, buffers, number) for _ in range(opts.repeat)]
+            number = max(number, math.ceil(floor_ms / 1e3 / max(once, 1e-9)))
+        costs = [_time(device, program, kernel, buffers, number) for _ in range(opts.repeat)]
     except DeviceRuntimeError as err:
         return fail(MeasureErrorNo.RUNTIME_DEVICE, f"kernel failed on the device: {err}")
     except Exception as err:  # noqa: BLE001 - allocation (out of memory), copies, launch
@@ -188,6 +187,18 @@ def _measure(device: Device, request: MeasureRequest,
         costs = sorted(costs)[1:-1]
     return MeasureResult(costs=tuple(costs), error_no=MeasureErrorNo.NO_ERROR,
                          all_cost=time.time() - start)
+
+
+def _time(device: Device, program: Any, kernel: Any, buffers: list[Any],
+          number: int) -> float:
+    """Seconds per launch over ``number`` launches, timed in batches of at most
+    ``MAX_TIMED_LAUNCHES`` (each behind its own hold): device time over launches."""
+    total, left = 0.0, number
+    while left:
+        batch = min(left, MAX_TIMED_LAUNCHES)
+        total += device.time(program, kernel, buffers, batch) * batch
+        left -= batch
+    return total / number
 
 
 def _describe(err: BaseException) -> str:

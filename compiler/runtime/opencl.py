@@ -110,13 +110,13 @@ def _warp_size(device: Any, is_cpu: bool) -> int:
     vendor; a CPU's vector lanes are not a warp, 16 groups work-items as PoCL packs them."""
     if is_cpu:
         return 16
-    for name in ("wavefront_width_amd", "warp_size_nv"):
-        try:
+    extensions = str(getattr(device, "extensions", "")).split()
+    for extension, name in (("cl_amd_device_attribute_query", "wavefront_width_amd"),
+                            ("cl_nv_device_attribute_query", "warp_size_nv")):
+        if extension in extensions:
             width = int(getattr(device, name))
-        except Exception:  # noqa: BLE001 - the extension is absent (LogicError, AttributeError)
-            continue
-        if width > 0:
-            return width
+            if width > 0:
+                return width
     return 64 if _is_amd(device) else 32
 
 
@@ -143,7 +143,6 @@ OPTIONS = "-cl-std=CL1.2"
 
 class OpenCLDevice(Device):
     dialect = "opencl"
-    holds_queue = True
 
     def __init__(self, index: int = 0) -> None:
         cl = _cl()
@@ -164,14 +163,18 @@ class OpenCLDevice(Device):
             target=_target_for(platform, device),
             limits=_limits(device),
         )
+        # a GPU's timed launches queue behind a hold kernel; on a CPU the hold would only
+        # take a core from the host (bench/launch_overhead.py: no gain past tiny kernels)
+        self.holds_queue = not device.type & cl.device_type.CPU
         self.ctx = cl.Context([device])
         self.queue = cl.CommandQueue(
             self.ctx, properties=cl.command_queue_properties.PROFILING_ENABLE
         )
         self._programs: dict[str, Any] = {}
         self._functions: dict[tuple[int, str], Any] = {}
-        # per kernel object, the arguments last set on it: a launch with the same
-        # buffers enqueues alone (pyopencl's call sets every argument each time)
+        # per kernel object, what its arguments were last set to (cl_mem handles and
+        # scalar values, not the buffers: those stay free to go): a launch with the same
+        # arguments enqueues alone (pyopencl's call sets every argument each time)
         self._bound: dict[int, tuple[Any, tuple[Any, ...]]] = {}
 
     @property
@@ -246,18 +249,28 @@ class OpenCLDevice(Device):
     def _enqueue(self, function: Any, grid: tuple[int, int, int],
                  block: tuple[int, int, int], buffers: list[Any], timed: bool) -> Any:
         """Every launch returns its event: the queue profiles them all anyway. Arguments
-        are set only when they differ from the kernel's last launch."""
+        are set only when they differ from the kernel's last launch (OpenCL captures them
+        at enqueue, so equal handles are an equal binding). One thread launches a device's
+        kernels: setting and enqueuing are two steps."""
         cl = _cl()
         size = tuple(g * b for g, b in zip(grid, block))
+        args = tuple(b.int_ptr if isinstance(b, cl.MemoryObjectHolder) else int(b)
+                     for b in buffers)
         try:
             bound = self._bound.get(id(function))
-            if (bound is None or bound[0] is not function or len(bound[1]) != len(buffers)
-                    or any(a is not b for a, b in zip(bound[1], buffers))):
+            if bound is None or bound[0] is not function or bound[1] != args:
                 function.set_args(*buffers)
-                self._bound[id(function)] = (function, tuple(buffers))
+                self._bound[id(function)] = (function, args)
             return cl.enqueue_nd_range_kernel(self.queue, function, size, block)
         except cl.Error as err:
             raise DeviceRuntimeError(str(err)) from None
+
+    def _finished(self, handle: Any) -> bool:
+        cl = _cl()
+        return bool(handle.command_execution_status == cl.command_execution_status.COMPLETE)
+
+    def flush(self) -> None:
+        self.queue.flush()
 
     def synchronize(self) -> None:
         cl = _cl()
