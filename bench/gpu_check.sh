@@ -98,8 +98,13 @@ if [ -d .whl ] && [ "$DRY_RUN" != 1 ]; then
         rm -rf "$site/pycuda-src" && mkdir -p "$site/pycuda-src"
         tar -xzf .whl/pycuda-*.tar.gz -C "$site/pycuda-src" --strip-components=1
         cd "$site/pycuda-src"
-        "$python" configure.py --cuda-root="$(dirname "$(dirname "$nvcc")")" \
-            --no-cuda-enable-curand >/dev/null
+        root=""  # where cuda.h is: nvcc may be a wrapper script outside the toolkit
+        for dir in "${CUDA_HOME:-}" "${CUDA_PATH:-}" "$(dirname "$(dirname "$(readlink -f "$nvcc")")")" \
+                /usr/local/cuda; do
+            [ -n "$dir" ] && [ -f "$dir/include/cuda.h" ] && { root=$dir; break; }
+        done
+        [ -n "$root" ] || { echo "no CUDA toolkit with include/cuda.h found"; exit 1; }
+        "$python" configure.py --cuda-root="$root" --no-cuda-enable-curand >/dev/null
         # setuptools first: Python 3.12 has no distutils of its own
         LIBRARY_PATH="/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu:${LIBRARY_PATH:-}" \
             PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$python" -c "import runpy, sys, setuptools
