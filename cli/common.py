@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 from pydantic import ValidationError
 
+import tuner as api
 from compiler.templates import (
     ConfigError,
     Template,
@@ -162,10 +163,24 @@ def quantized(graph: Graph, quantize: bool, qconfig: list[str] | None) -> Graph:
             fail("--qconfig: needs --quantize")
         return graph
     from compiler.passes.quantize import QConfig, QuantizeError
-    from compiler.passes.quantize import quantize as run
 
     try:
         config = QConfig.from_pairs(qconfig or [])
     except QuantizeError as err:
         fail(f"--qconfig: {err}")
-    return run(graph, config)
+    return api.quantized(graph, config)
+
+
+def open_client(server: str, token: str | None, timeout: float = 30.0) -> api.Client:
+    """The server at ``--server`` (checked first) as ``--token``."""
+    return api.Client(check_server_url(server), token, timeout=timeout)
+
+
+def with_hint(err: api.TunerError) -> str:
+    """A ``tuner`` error's message with the flags that fix it."""
+    if isinstance(err, api.Unreachable):
+        return f"{err}; check --server (TUNER_SERVER) and that `tuner serve` runs there"
+    if isinstance(err, api.Unauthorized):
+        return (f"{err}: pass it with --token or TUNER_TOKEN (`tuner token create --role "
+                f"client` makes one)")
+    return str(err)

@@ -46,14 +46,20 @@ def resolve_url(url: str | None) -> str:
     return url
 
 
-def open_database(database_url: str | None) -> tuple[Engine, sessionmaker[Session]]:
-    """An existing database with this version's schema, else one line saying what to do
-    (a missing SQLite file is not created)."""
+def existing_database(database_url: str | None) -> str:
+    """The URL of an existing database, else one line saying what to do (a missing
+    SQLite file is not created)."""
     url = resolve_url(database_url)
     path = sqlite_path(url)
     if path is not None and not path.exists():
         fail(f"no database at {path}; create it with: tuner db upgrade --database-url "
              f"'{url}'", code=1)
+    return url
+
+
+def open_database(database_url: str | None) -> tuple[Engine, sessionmaker[Session]]:
+    """An existing database with this version's schema, else one line saying what to do."""
+    url = existing_database(database_url)
     engine = make_engine(url)
     check_schema(engine, url)
     return engine, session_factory(engine)

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
 import typer
 from pydantic import ValidationError
 from typer.core import TyperGroup
@@ -29,7 +28,7 @@ from cli import (
     tune,
     worker,
 )
-from cli.common import MAX_ERROR, database_in_use
+from cli.common import MAX_ERROR, database_in_use, with_hint
 from schemas.text import one_line
 from tuner import TunerError
 
@@ -63,12 +62,7 @@ def explain(err: Exception) -> tuple[str, int]:
     if isinstance(err, QueueUnavailable):
         return f"{err}; check --queue-url (TUNER_QUEUE_URL)", 1
     if isinstance(err, TunerError):
-        return str(err), 1
-    if isinstance(err, httpx.InvalidURL | httpx.UnsupportedProtocol):
-        return f"--server: {err}; give an http:// or https:// URL", 2
-    if isinstance(err, httpx.TransportError):
-        return (f"cannot reach the tuning server ({err or type(err).__name__}); check "
-                f"--server (TUNER_SERVER) and that `tuner serve` runs there"), 1
+        return with_hint(err), 1
     if isinstance(err, ValidationError):  # a value no command checked before
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])

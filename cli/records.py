@@ -1,27 +1,19 @@
-"""``tuner records``: import, export and best, on the embedded database or a server."""
+"""``tuner records``: import, export and best, on a database (``tuner.Database``, the
+embedded one by default) or a server (``tuner.Client``): the same calls, printed."""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import typer
-from sqlalchemy.orm import Session, sessionmaker
 
 import tuner as api
-from cli.common import (
-    check_server_url,
-    fail,
-    load_template,
-    load_workload,
-    parse_target,
-)
-from cli.db import DATABASE_URL, open_database
+from cli.common import fail, load_template, load_workload, open_client, parse_target
+from cli.db import DATABASE_URL, existing_database
 from compiler.records.pretuned import TOPHUB_DIR
 from schemas import Record, Target
-from tuner_server.services import records as svc
 
 records_app = typer.Typer(help="Tuning records (AutoTVM log lines).", no_args_is_help=True)
 
@@ -30,17 +22,15 @@ TOKEN = typer.Option(None, "--token", envvar="TUNER_TOKEN", help="bearer token")
 LOG_FILES = typer.Argument(None, exists=True, dir_okay=False, readable=True,
                            help="AutoTVM log files (or --pretuned)")
 
-
-def _sessions(database_url: str | None) -> sessionmaker[Session]:
-    return open_database(database_url)[1]
+Store = api.Client | api.Database  # the same record methods, on a server or a database
 
 
-def _client(server: str, token: str | None) -> api.Client:
-    return api.Client(check_server_url(server), token, timeout=60)
-
-
-def _target(text: str) -> Target:
-    return parse_target(text)
+def _store(server: str | None, token: str | None, database_url: str | None) -> Store:
+    """The server at ``--server``, else the database at ``--database-url`` (it must
+    exist)."""
+    if server:
+        return open_client(server, token, timeout=60)
+    return api.Database(existing_database(database_url))
 
 
 @records_app.command("import")
@@ -61,33 +51,22 @@ def records_import(
         fail("--target: only with --pretuned (a log file is imported whole)")
     if pretuned == bool(files):
         fail("give log files or --pretuned (one of them)")
-    logs = pretuned_logs(_target(target) if target else None) if pretuned else [
+    logs = pretuned_logs(parse_target(target) if target else None) if pretuned else [
         (path, *read_log(path)) for path in files or []]
-    sessions = None if server else _sessions(database_url)
-    client = _client(server, token) if server else None
     failed = 0
-    for path, lines, undecodable in logs:
-        if client is not None:
-            answer = client.import_log(lines)
-            accepted, refused = answer.accepted, answer.refused
-            duplicates = answer.duplicates
-            errors = [(e.line, e.error) for e in answer.errors]
-        else:
-            assert sessions is not None
-            with sessions.begin() as session:
-                report = svc.import_lines(session, lines)
-            accepted, refused, errors = report.accepted, report.refused, report.errors
-            duplicates = report.duplicates
-        # the answer lists the first refused lines only; ``refused`` counts them all
-        refused += len(undecodable)
-        errors = sorted(errors + undecodable)
-        typer.echo(f"{path}: {accepted} imported, {refused} refused, "
-                   f"{duplicates} duplicates")
-        for number, why in errors:
-            typer.echo(f"  line {number}: {why}", err=True)
-        if refused > len(errors):
-            typer.echo(f"  ... and {refused - len(errors)} more", err=True)
-        failed += refused
+    with _store(server, token, database_url) as store:
+        for path, lines, undecodable in logs:
+            answer = store.import_lines(lines)
+            # the answer lists the first refused lines only; ``refused`` counts them all
+            refused = answer.refused + len(undecodable)
+            errors = sorted([(e.line, e.error) for e in answer.errors] + undecodable)
+            typer.echo(f"{path}: {answer.accepted} imported, {refused} refused, "
+                       f"{answer.duplicates} duplicates")
+            for number, why in errors:
+                typer.echo(f"  line {number}: {why}", err=True)
+            if refused > len(errors):
+                typer.echo(f"  ... and {refused - len(errors)} more", err=True)
+            failed += refused
     if failed:
         raise typer.Exit(1)
 
@@ -146,37 +125,9 @@ def records_export(
     token: str | None = TOKEN,
 ) -> None:
     """Print AutoTVM lines to stdout."""
-    tgt = _target(target)
-    if server:
-        with _client(server, token) as client:
-            sys.stdout.write(client.pretuned_log(tgt) if best else client.export(tgt))
-        return
-    with _sessions(database_url)() as session:
-        if best:
-            lines, _etag = svc.pretuned_log(session, tgt)
-            for line in lines:
-                typer.echo(line)
-            return
-
-        def local_page(offset: int) -> tuple[int, list[str]]:
-            total, items = svc.query(session, tgt, limit=PAGE, offset=offset)
-            return total, [record.to_line() for record in items]
-
-        _print_pages(local_page)
-
-
-PAGE = 10000
-
-
-def _print_pages(page: Callable[[int], tuple[int, list[str]]]) -> None:
-    offset = 0
-    while True:
-        total, lines = page(offset)
-        for line in lines:
-            typer.echo(line)
-        offset += len(lines)
-        if not lines or offset >= total:
-            return
+    tgt = parse_target(target)
+    with _store(server, token, database_url) as store:
+        sys.stdout.write(store.pretuned_log(tgt) if best else store.export(tgt))
 
 
 @records_app.command("best")
@@ -189,18 +140,12 @@ def records_best(
     token: str | None = TOKEN,
 ) -> None:
     """The best record for one workload, and which rule found it (exit 1 if none)."""
-    tgt = _target(target)
+    tgt = parse_target(target)
     workload = load_workload(load_template(template), args, flag="--args")
-    if server:
-        with _client(server, token) as client:
-            item = client.best([workload], tgt)[0]
-        rule, record = item.rule, Record.from_json(item.record) if item.record else None
-    else:
-        with _sessions(database_url)() as session:
-            answer = svc.best(session, [workload], tgt)[0]
-        rule, record = answer.rule, answer.record
-    if record is None:
+    with _store(server, token, database_url) as store:
+        item = store.best(tgt, [workload])[0]
+    if item.record is None:
         typer.echo(f"no record for this workload on {tgt}", err=True)
         raise typer.Exit(1)
-    typer.echo(f"rule: {rule}", err=True)
-    typer.echo(record.to_line())
+    typer.echo(f"rule: {item.rule}", err=True)
+    typer.echo(Record.from_json(item.record).to_line())

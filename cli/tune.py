@@ -27,9 +27,12 @@ from cli.common import (
 )
 from cli.db import DATABASE_URL, resolve_url
 from schemas import Target, Workload
-from tuner_server.search import DEFAULT_TUNER, TUNERS
+from schemas.api import DEFAULT_TUNER, JobStatus
 
 WAITING_WARN_S = 5.0  # a job waiting this long for a worker gets one warning
+# A job field the server may refuse (its 422 names it) -> the flag that sets it.
+FLAGS = {"tuner": "--tuner", "early_stopping": "--early-stopping", "n_trial": "--trials",
+         "plan_size": "--plan-size", "target": "--target"}
 
 
 class WaitingWarning(api.Callback):
@@ -59,7 +62,7 @@ def tune(
     args: str | None = typer.Option(None, "--args", help="one task: AutoTVM args list as JSON"),
     trials: int = typer.Option(64, "--trials", min=1, max=1_000_000, help="trials per task"),
     tuner: str = typer.Option(DEFAULT_TUNER, "--tuner",
-                              help="one of: " + ", ".join(sorted(TUNERS))),
+                              help="the server's search strategy (lgbm, ga, random, grid)"),
     early_stopping: int | None = typer.Option(None, "--early-stopping", min=1, max=1_000_000,
                                               help="stop a task after this many trials "
                                                    "without a better config"),
@@ -69,10 +72,12 @@ def tune(
     token: str | None = typer.Option(None, "--token", envvar="TUNER_TOKEN"),
     database_url: str | None = DATABASE_URL,
     device: str | None = typer.Option(None, "--device", help="embedded worker's device"),
-    number: int = typer.Option(3, "--number", min=1),
-    repeat: int = typer.Option(3, "--repeat", min=1),
-    min_repeat_ms: float = typer.Option(50.0, "--min-repeat-ms", min=0),
-    timeout: float = typer.Option(60.0, "--timeout", help="seconds per trial"),
+    number: int = typer.Option(api.DEFAULT_MEASURE.number, "--number", min=1),
+    repeat: int = typer.Option(api.DEFAULT_MEASURE.repeat, "--repeat", min=1),
+    min_repeat_ms: float = typer.Option(api.DEFAULT_MEASURE.min_repeat_ms, "--min-repeat-ms",
+                                        min=0),
+    timeout: float = typer.Option(api.DEFAULT_MEASURE.timeout_s, "--timeout",
+                                  help="seconds per trial"),
     quantize: bool = QUANTIZE,
     qconfig: list[str] | None = QCONFIG,
 ) -> None:
@@ -80,8 +85,6 @@ def tune(
     without --server, runs the server and a worker in-process. With --quantize, the
     tasks of the int8 model (what `tuner compile --quantize` builds)."""
     tgt = parse_target(target)
-    if tuner not in TUNERS:
-        fail(f"--tuner: {tuner!r} is not one of {', '.join(sorted(TUNERS))}")
     measure = measure_options(number, repeat, min_repeat_ms, timeout)
     url = None
     if server is not None:
@@ -99,7 +102,13 @@ def tune(
                           device=device,
                           callbacks=[api.callbacks.progress_bar(), WaitingWarning()])
     except api.NoLocalDevice as err:
-        fail(str(err), code=1)
+        named = f"--{err}" if str(err).startswith("device") else str(err)  # --device's
+        fail(f"{named}; pick another --target or --device, or use --server to tune on a "
+             f"fleet", code=1)
+    except api.InvalidRequest as err:  # the detail starts with the field: its flag
+        field, _, why = err.detail.partition(": ")
+        flag = FLAGS.get(field)
+        fail(f"{flag}: {why}" if flag and why else str(err))
     except api.WorkerStopped as err:
         fail(f"{err}: fix that and run `tuner tune` again", code=1)
     except api.TuneInterrupted as err:
@@ -115,10 +124,10 @@ def tune(
     record = result.best[0] if len(result.best) == 1 else None
     if record is not None:
         typer.echo(json.dumps(record.to_json()))
-    if job.status == "failed":
+    if job.status == JobStatus.FAILED:
         fail(f"job {job.id} failed: {job.error or 'every task failed'}; see "
              f"`tuner job {job.id}`", code=1)
-    if job.status != "done":
+    if job.status != JobStatus.DONE:
         raise typer.Exit(1)
 
 

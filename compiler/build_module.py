@@ -14,7 +14,7 @@ import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -57,6 +57,19 @@ class Module:
     program: Program
     executor: GraphExecutor
     device: Device
+    owns_device: bool = False  # opened by the build for this module: close() releases it
+
+    def close(self) -> None:
+        """Release the device if the build opened it (one passed in stays open)."""
+        if self.owns_device:
+            self.device.close()
+            self.owns_device = False
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> list[np.ndarray]:
         return self.executor.run(inputs)
@@ -91,6 +104,7 @@ def build(model: Model, target: str | Target | None = None,
     keep activations in NCHW[x]c between CPU-template convolutions (``plan_layouts``);
     False stores every value in plain NCHW (to compare, or to read intermediates).
     """
+    owns_device = device is None
     if device is None:
         device = open_device(target=str(target) if target is not None else None)
     graph = load_graph(model)
@@ -98,7 +112,8 @@ def build(model: Model, target: str | Target | None = None,
         graph = optimize(graph)
     plan, tasks, choices = select_layers(graph, device.target, records, device.limits)
     program = lower(graph, plan, device.dialect, blocked_layout=blocked_layout)
-    module = Module(graph, tasks, choices, program, GraphExecutor(program, device), device)
+    module = Module(graph, tasks, choices, program, GraphExecutor(program, device), device,
+                    owns_device)
     served = Counter(c.source for c in choices)
     if served[DEFAULT] or served[OTHER_DEVICE]:
         # TVM said "Cannot find config for target=..." once per task; say it once, and

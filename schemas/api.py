@@ -160,6 +160,9 @@ class TrialPoint(BaseModel):
     gflops: float | None = Field(description="null when the trial failed")
     error_no: int = Field(description="AutoTVM's MeasureErrorNo; 0 is success")
     cost: float | None = Field(description="mean seconds; null when the trial failed")
+    record: dict[str, Any] | None = Field(
+        None, description="the trial's stored AutoTVM line (as GET /records returns it); "
+        "null while the trial has no record")
 
 
 class TrialPage(BaseModel):

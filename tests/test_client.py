@@ -30,6 +30,7 @@ from schemas.api import (
     WorkerRegistration,
 )
 from tuner_client import (
+    MAX_500,
     ApiError,
     BadAnswer,
     Conflict,
@@ -198,10 +199,10 @@ def test_records_import_search_best_and_pretuned_log(server: LiveServer) -> None
         assert best.rule
 
         log = user.pretuned_log(target)
-        assert log.modified and log.etag and log.text
+        assert log.etag and log.text
         assert workload.template in log.text
         unchanged = user.pretuned_log(target, etag=log.etag)
-        assert not unchanged.modified and unchanged.etag == log.etag
+        assert unchanged.text is None and unchanged.etag == log.etag
 
 
 def test_the_servers_routes_answer_the_contracts_models(server: LiveServer) -> None:
@@ -302,7 +303,7 @@ def test_a_job_submission_that_reached_the_server_is_not_retried(server: LiveSer
         with pytest.raises(Unavailable) as outage:
             user.submit_job(JobRequest(target=Target.parse(TARGET), tasks=[DENSE]))
         down.end()
-        assert outage.value.status == 503
+        assert outage.value.status == 503 and outage.value.sent
         assert len(user.jobs(limit=1000)) == before  # not sent again once the table was back
 
 
@@ -319,8 +320,9 @@ def test_nothing_listening_is_unavailable_after_bounded_retries() -> None:
         with pytest.raises(Unavailable) as down:
             nobody.jobs()
         elapsed = time.monotonic() - started
-    assert down.value.status is None
-    assert f"the tuning server at {url} is unreachable after 3 tries" in str(down.value)
+    assert down.value.status is None and down.value.sent is False
+    assert f"GET {url}/api/v1/jobs: unreachable after 3 tries" in str(down.value)
+    assert str(down.value).count(url) == 1
     assert 0.3 <= elapsed < 5  # 0.1 + 0.2 s of backoff, and nothing more
 
 
@@ -386,6 +388,80 @@ def test_another_http_server_is_a_bad_answer() -> None:
     finally:
         other.shutdown()
         other.server_close()
+
+
+class Scripted:
+    """An httpx transport answering each request from ``script`` in turn (a status, or
+    an exception to raise), repeating the last; counts the requests."""
+
+    def __init__(self, *script: int | Exception) -> None:
+        self.script, self.calls = list(script), 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if isinstance(step, Exception):
+            raise step
+        body = {"trials": [], "lease_seconds": 60.0} if step == 200 else {"detail": "down"}
+        return httpx.Response(step, json=body)
+
+
+def scripted(script: Scripted, **kwargs: Any) -> TunerClient:
+    api = TunerClient("http://tuner.test", backoff_s=0.01, **kwargs)
+    api._http = httpx.Client(base_url=api.url, transport=httpx.MockTransport(script))
+    return api
+
+
+REFUSED = httpx.ConnectError("connection refused")
+
+
+def test_a_lease_is_sent_again_only_when_it_never_reached_the_server() -> None:
+    """A lease answered 503 (or timed out reading) may have leased trials: raised, not
+    sent again, saying so; a refused connection is safe to resend."""
+    for first, calls, sent in [(503, 1, True), (httpx.ReadTimeout("slow"), 1, True),
+                               (REFUSED, 2, False)]:
+        script = Scripted(first, 200)
+        with scripted(script) as api:
+            if sent:
+                with pytest.raises(Unavailable) as down:
+                    api.lease(1, wait_s=0)
+                assert down.value.sent is True
+            else:
+                assert api.lease(1, wait_s=0).trials == []
+        assert script.calls == calls, first
+
+
+def test_retrying_without_bound_ends_when_stopped() -> None:
+    """``retries=None`` retries until ``stop`` (an event, or a callable) says to stop,
+    checked during the backoff too: the last failure is raised promptly."""
+    stop = threading.Event()
+    script = Scripted(REFUSED)
+    with scripted(script, retries=None, stop=stop, max_backoff_s=10.0) as api:
+        threading.Timer(0.5, stop.set).start()
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as down:
+            api.jobs()
+        assert 0.4 <= time.monotonic() - started < 3  # not the 10 s backoff
+    assert down.value.sent is False and script.calls > 3
+
+    deadline = time.monotonic() + 0.3
+    with scripted(Scripted(503), retries=None,
+                  stop=lambda: time.monotonic() > deadline) as api, \
+            pytest.raises(Unavailable):
+        api.workers()
+    assert time.monotonic() - deadline < 1
+
+
+def test_a_request_the_server_fails_on_is_raised_after_a_few_500s() -> None:
+    script = Scripted(500)
+    with scripted(script, retries=None) as api, pytest.raises(ApiError) as failed:
+        api.jobs()
+    assert failed.value.status == 500 and script.calls == MAX_500
+
+
+def test_url_of_names_a_route() -> None:
+    with TunerClient("http://tuner.test/") as api:
+        assert api.url_of("records/best") == "http://tuner.test/api/v1/records/best"
 
 
 def test_a_url_that_is_not_http_is_refused_at_once() -> None:

@@ -255,6 +255,11 @@ def test_task_trials_in_order_and_incrementally(seeded: Seeded) -> None:
         else:
             assert point["cost"] == pytest.approx(cost)
             assert point["gflops"] == pytest.approx(DENSE_FLOPS / cost / 1e9)
+    # each trial carries its own stored line, the object GET /records pages return
+    stored = seeded.api.ok("GET", "/api/v1/records", params={"limit": 1000})["items"]
+    assert all(point["record"] in stored for point in items)
+    assert [p["record"]["result"][1] for p in items] == [e for _, e in REPORTS]
+    assert len({json.dumps(p["record"], sort_keys=True) for p in items}) == len(items)
     newer = seeded.api.ok("GET", path, params={"after": seeded.trial_ids[2]})["items"]
     assert newer == items[3:]
     assert seeded.api.ok("GET", path, params={"after": seeded.trial_ids[-1]})["items"] == []
@@ -505,7 +510,8 @@ def _seed_large(db: Engine) -> tuple[int, int, list[int]]:
         batch: list[dict[str, Any]] = []
         for i in range(N_RECORDS - N_TASK_TRIALS):
             failed = i % 7 == 6
-            batch.append(row(i, MODELS[i % 4], (i // 4) % N_WORKLOADS,
+            # configs numbered after the task's: no row repeats a trial's (line_hash)
+            batch.append(row(N_TASK_TRIALS + i, MODELS[i % 4], (i // 4) % N_WORKLOADS,
                              1e9 if failed else 1e-4 * (1 + (i * 7919) % 1009 / 100),
                              3 if failed else 0))
             if len(batch) == 5000:

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from cli import fleet
 from cli.main import app
 from schemas import MeasureErrorNo, MeasureResult
-from schemas.api import LeasedTrial
+from schemas.api import FINAL, CurvePoint, JobStatus, JobView, LeasedTrial, WorkerInfo
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,7 +49,7 @@ def _cancel_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
     srv: LiveServer = request.getfixturevalue("srv")
     with srv.client("client") as http:
         for job in http.get("/api/v1/jobs").raise_for_status().json():
-            if job["status"] not in fleet.FINAL:
+            if job["status"] not in FINAL:
                 http.post(f"/api/v1/jobs/{job['id']}/cancel").raise_for_status()
 
 
@@ -134,8 +134,9 @@ def test_sparkline() -> None:
 
 
 def test_curve_series_steps_the_best_so_far() -> None:
-    curve = [{"trial": 2, "best_gflops": 1.0}, {"trial": 4, "best_gflops": 3.0},
-             {"trial": 5, "best_gflops": None}]  # a 0 s timer: no GFLOP/s
+    curve = [CurvePoint(trial=2, best_cost=1.0, best_gflops=1.0),
+             CurvePoint(trial=4, best_cost=0.5, best_gflops=3.0),
+             CurvePoint(trial=5, best_cost=0.0, best_gflops=None)]  # a 0 s timer
     assert fleet.curve_series(curve, 5) == [None, 1.0, 1.0, 3.0, 3.0]
     assert fleet.curve_series([], 3) == [None, None, None]
     assert fleet.curve_series(curve, 0) == [None, 1.0, 1.0, 3.0]  # never shorter than it
@@ -150,8 +151,8 @@ def test_small_formatters() -> None:
 
 
 def test_tables_show_what_the_server_gives() -> None:
-    """Progress, ETA and the best come from the server's figures when it has them, and
-    are counted from the tasks when an older server does not."""
+    """Progress, ETA and the best are the server's figures (its progress counts a task
+    that stopped early as complete); an ended job shows no ETA."""
     from rich.console import Console
 
     def text(renderable: Any) -> str:
@@ -159,22 +160,28 @@ def test_tables_show_what_the_server_gives() -> None:
         console.print(renderable)
         return console.export_text()
 
-    tasks = [{"trials_done": 3, "n_trial": 8, "best_gflops": 1.5},
-             {"trials_done": 1, "n_trial": 8, "best_gflops": None}]
-    old = {"id": 7, "status": "running", "tuner": "ga", "target": TARGET, "tasks": tasks}
-    new = {**old, "trials_done": 4, "trials_total": 16, "progress": 0.5, "eta_s": 95.0,
-           "best_gflops": 2.25}
-    assert "4/16 (25%)" in text(fleet.jobs_table([old]))
-    row = text(fleet.jobs_table([new]))
+    task = {"id": 1, "template": DENSE, "args": DENSE_ARGS, "status": "running",
+            "trials_planned": 8, "n_trial": 8, "best_cost": None, "error": None}
+    tasks = [{**task, "trials_done": 3, "best_gflops": 1.5},
+             {**task, "id": 2, "trials_done": 1, "best_gflops": None}]
+    running = JobView.model_validate({
+        "id": 7, "status": "running", "tuner": "ga", "target": TARGET, "n_trial": 8,
+        "early_stopping": None, "error": None, "created_at": None, "trials_done": 4,
+        "trials_total": 16, "progress": 0.5, "eta_s": 95.0, "best_gflops": 2.25,
+        "waiting_for_worker": False, "note": None, "tasks": tasks})
+    row = text(fleet.jobs_table([running]))
     assert "4/16 (50%)" in row and "1m35s" in row and "2.25" in row and "ga" in row
-    done = text(fleet.jobs_table([{**new, "status": "done", "eta_s": 0.0}]))
+    done = text(fleet.jobs_table([running.model_copy(update={"status": JobStatus.DONE})]))
     assert "1m35s" not in done and " - " in done
-    workers = [{"id": 3, "name": "gpu-a", "target": "cuda -model=h200", "device": "H200",
-                "last_heartbeat": 1000.0, "alive": True, "trials_per_minute": 12.5,
-                "error_rate": 0.25, "trials_done": 40},
-               {"id": 4, "name": "gpu-b", "target": "cuda", "device": None,
-                "last_heartbeat": 100.0, "alive": False, "trials_per_minute": 0.0,
-                "error_rate": None, "trials_done": 0}]
+    view = text(fleet.job_view(running))
+    assert "job 7 running" in view and "3/8" in view and "1x256 64x256 - float32" in view
+    worker = {"id": 3, "name": "gpu-a", "target": "cuda -model=h200", "device": "H200",
+              "last_heartbeat": 1000.0, "alive": True, "stopped": False,
+              "trials_per_minute": 12.5, "error_rate": 0.25, "trials_done": 40}
+    workers = [WorkerInfo.model_validate(worker), WorkerInfo.model_validate(
+        {**worker, "id": 4, "name": "gpu-b", "target": "cuda", "device": "cuda",
+         "last_heartbeat": 100.0, "alive": False, "trials_per_minute": 0.0,
+         "error_rate": None, "trials_done": 0})]
     table = text(fleet.workers_table(workers, now=1005.0))
     for cell in ("gpu-a", "cuda -model=h200", "H200", "5s ago", "yes", "12.5", "25%",
                  "15m05s ago", "no"):
@@ -202,7 +209,8 @@ def test_jobs_and_job_show_progress_best_and_curve(srv: LiveServer) -> None:
 
     shown = tuner(srv, "job", str(job_id))
     assert shown.exit_code == 0, shown.output
-    curve = fleet.sparkline(fleet.curve_series(task["curve"], 4), 32)
+    curve = fleet.sparkline(fleet.curve_series(
+        [CurvePoint.model_validate(p) for p in task["curve"]], 4), 32)
     assert curve == "▁▁██"  # half as fast for two trials (one failed), then the best
     line = next(line for line in shown.stdout.splitlines() if DENSE in line)
     for cell in ("1x256 64x256 - float32", "4/6", best, curve):
@@ -259,7 +267,7 @@ def test_follow_leaves_cleanly_on_ctrl_c(srv: LiveServer, monkeypatch: pytest.Mo
     calls = []
     real = fleet.FleetClient.job
 
-    def job(self: fleet.FleetClient, jid: int) -> dict[str, Any]:
+    def job(self: fleet.FleetClient, jid: int) -> JobView:
         calls.append(jid)
         if len(calls) == 3:
             raise KeyboardInterrupt
@@ -281,7 +289,7 @@ def test_follow_rides_out_a_server_restart(srv: LiveServer,
     real = fleet.FleetClient.job
     calls = []
 
-    def flaky(self: fleet.FleetClient, jid: int) -> dict[str, Any]:
+    def flaky(self: fleet.FleetClient, jid: int) -> JobView:
         calls.append(jid)
         if len(calls) in (2, 3):
             raise fleet.Unreachable("cannot reach the tuning server (test)")
@@ -299,7 +307,7 @@ def test_follow_rides_out_a_server_restart(srv: LiveServer,
     job_id = submit(srv, n_trial=2)
     calls.clear()
 
-    def down(self: fleet.FleetClient, jid: int) -> dict[str, Any]:
+    def down(self: fleet.FleetClient, jid: int) -> JobView:
         calls.append(jid)
         if len(calls) > 1:
             raise fleet.Unreachable("cannot reach the tuning server (test)")
@@ -308,7 +316,8 @@ def test_follow_rides_out_a_server_restart(srv: LiveServer,
     monkeypatch.setattr(fleet.FleetClient, "job", down)
     result = tuner(srv, "job", str(job_id), "--follow")
     assert result.exit_code == 1, result.output
-    assert result.stderr == "error: cannot reach the tuning server (test)\n"
+    assert result.stderr == ("error: cannot reach the tuning server (test); check --server "
+                             "(TUNER_SERVER) and that `tuner serve` runs there\n")
     assert 3 <= len(calls) < 20
 
 
@@ -481,7 +490,7 @@ def test_tune_exits_1_with_the_error_counts_when_every_trial_failed(
     def fail_everything() -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            jobs = [j for j in get_jobs(srv) if j["status"] not in fleet.FINAL]
+            jobs = [j for j in get_jobs(srv) if j["status"] not in FINAL]
             if jobs:
                 worker.measure([None, None, None])
                 return
@@ -600,13 +609,14 @@ def _scripted_agent(answers: dict[str, list[tuple[int, Any]]]) -> tuple[Any, Scr
 
 
 def test_agent_rides_out_503_drops_a_409_and_deregisters() -> None:
-    """Registration answered 503 is retried; the answer's token is used from then on; a
-    result refused with 409 (no longer ours) is dropped without stopping the worker; a
-    clean end releases what it holds and deregisters."""
+    """Registration and a lease answered 503 are made again; the answer's token is used
+    from then on; a result refused with 409 (no longer ours) is dropped without stopping
+    the worker; a clean end releases what it holds, deregisters and closes the client."""
     agent, server = _scripted_agent({
         "POST /api/v1/workers": [(503, {"detail": "database unavailable: test"}),
                                  (201, {"id": 7, "token": "tok-7"})],
-        "POST lease": [(200, _leased(1, 2))],
+        "POST lease": [(503, {"detail": "database unavailable: test"}),
+                       (200, _leased(1, 2))],
         "POST results": [(409, {"detail": "trial 1 is not leased to worker 7"}),
                          (200, ACCEPTED)],
     })
@@ -614,7 +624,9 @@ def test_agent_rides_out_503_drops_a_409_and_deregisters() -> None:
     paths = [(m, p) for m, p, _ in server.calls]
     assert paths.count(("POST", "/api/v1/workers")) == 2
     assert paths.count(("POST", "/api/v1/workers/7/results")) == 2
+    assert paths.count(("POST", "/api/v1/workers/7/lease")) == 2
     assert paths[-1] == ("DELETE", "/api/v1/workers/7")
+    assert agent._api._http.is_closed
     assert {auth for _, p, auth in server.calls if p.startswith("/api/v1/workers/7")} == {
         "Bearer tok-7"}
 

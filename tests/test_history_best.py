@@ -26,8 +26,9 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+import tuner.records
 from compiler.records import LogSource, MemorySource
-from compiler.records.choose import THIS_DEVICE, Choice, choose_one
+from compiler.records.choose import THIS_DEVICE, Choice, choose_configs, choose_one
 from compiler.templates import get_template
 from compiler.templates.history import NOT_IN_SPACE, Stored, rank
 from schemas import Config, DeviceLimits, Record, Target, Workload
@@ -329,3 +330,27 @@ def test_rank_measured_first_on_this_device_only() -> None:
                Stored("measured elsewhere", there, 1e-3, 0, True)]
     assert [r.item for r in rank(entries, here)] == [
         "measured", "import", "import elsewhere", "measured elsewhere"]
+
+
+def test_measured_outranks_a_cheaper_import_on_both_paths(
+        sessions: sessionmaker[Session]) -> None:
+    """One database, one device: a cheaper imported line and the fleet's dearer
+    measurement. records/best and a build reading the database directly
+    (``tuner.records.database``) both pick the measurement; a log file holding the same
+    lines has no measurements, so there the cheaper one wins."""
+    imported = line("cuda -model=h200", 1, 1e-4)
+    measured = line("cuda -model=h200", 2, 1e-3)
+    store(sessions, [imported])
+    with sessions.begin() as session:
+        svc.add_records(session, [Record.from_json(measured)], source="measured")
+    target = Target.parse("cuda -model=h200")
+    with sessions() as session:
+        (served,) = svc.best(session, [WORKLOAD], target)
+        url = session.get_bind().engine.url.render_as_string(hide_password=False)
+    (built,) = choose_configs([WORKLOAD], tuner.records.database(url), target, LIMITS)
+    assert served.rule == "model" and served.record is not None
+    assert built.source == THIS_DEVICE and built.record is not None
+    assert served.record.config.index == built.record.config.index == 2
+    (from_log,) = choose_configs([WORKLOAD], MemorySource(
+        [Record.from_json(x) for x in (imported, measured)]), target, LIMITS)
+    assert from_log.record is not None and from_log.record.config.index == 1

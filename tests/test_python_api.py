@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 from server_fixtures import (
     REPO_ROOT,
+    LiveServer,
     free_port,
+    live_server,
     make_tokens,
     migrate,
     opencl_target,
@@ -35,7 +37,8 @@ from compiler.records import (
     choose_configs,
     parse_log,
 )
-from schemas import DeviceLimits, Workload
+from schemas import DeviceLimits, MeasureErrorNo, MeasureResult, Workload
+from schemas.api import TrialResult, WorkerRegistration
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper
@@ -175,7 +178,7 @@ def test_readme_server_script(fleet: tuner.Client, workdir: Path) -> None:
     assert fleet.follow(result.job.id, [replay.append]).status == "done"
     assert [t.record.to_line() for t in replay if t.record] == (
         workdir / "fleet.log").read_text().splitlines()
-    served = fleet.best([workload], TARGET)[0]
+    served = fleet.best(TARGET, [workload])[0]
     assert served.record is not None and result.best[0] is not None
     assert served.record == result.best[0].to_json()
     assert "this device 1, other device 0, default 0" in module.report()
@@ -274,6 +277,10 @@ def test_a_database_without_the_schema_is_a_records_error(workdir: Path) -> None
         source.candidates([workload], tuner.Target.parse(TARGET))
 
 
+DENSE = Workload(template="dense_small_batch.gpu", args=[
+    ["TENSOR", [1, 8], "float32"], ["TENSOR", [4, 8], "float32"], None, "float32"])
+
+
 def test_client_failures_are_one_line_errors() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with tuner.Client(url, "x") as client, pytest.raises(tuner.Unreachable,
@@ -281,10 +288,170 @@ def test_client_failures_are_one_line_errors() -> None:
         client.jobs()
     with pytest.raises(ValueError, match="http"):
         tuner.Client("localhost:8600")
-    with pytest.raises(ValueError, match="tuner"):
-        tuner.tune(Workload(template="dense_small_batch.gpu", args=[
-            ["TENSOR", [1, 8], "float32"], ["TENSOR", [4, 8], "float32"], None, "float32"]),
-            TARGET, tuner="nope", server=url)
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[LiveServer]:
+    """A server (no scheduler: ``FakeWorker.plan`` runs its passes) and no worker."""
+    with live_server("sqlite", tmp_path) as server:
+        yield server
+
+
+class FakeWorker:
+    """Plans, leases and reports through ``tuner.Client``'s typed API as a worker does:
+    a trial costs ``cost(config index)``, the ``fail``-th reports (counted over all)
+    fail, and ``reverse`` reports a lease's trials last first."""
+
+    def __init__(self, srv: LiveServer, cost: Any = lambda index: 1e-3 / (index + 1),
+                 fail: Any = lambda n: False) -> None:
+        self.srv, self.cost, self.fail = srv, cost, fail
+        self.client = tuner.Client(srv.url, srv.tokens["worker"])
+        answer = self.client.api.register_worker(WorkerRegistration.model_validate(
+            {"name": "fake", "target": TARGET}))
+        self.id = answer.id
+        self.client.api.use_token(answer.token)
+        self.reported = 0
+        # task id -> (config, result) of each trial reported, in report order
+        self.leased: dict[int, list[tuple[dict[str, Any], MeasureResult]]] = {}
+
+    def measure(self, n: int, reverse: bool = False) -> int:
+        """Lease up to ``n`` trials and report each; how many there were."""
+        self.srv._server.config.app.state.scheduler.run_pass()
+        trials = self.client.api.lease(self.id, n, wait_s=0).trials
+        results = []
+        for trial in reversed(trials) if reverse else trials:
+            self.reported += 1
+            result = (MeasureResult.failure(MeasureErrorNo.COMPILE_DEVICE, "fake")
+                      if self.fail(self.reported) else
+                      MeasureResult(costs=(self.cost(trial.config["index"]),),
+                                    error_no=MeasureErrorNo.NO_ERROR, all_cost=0.1))
+            self.leased.setdefault(trial.task_id, []).append((trial.config, result))
+            results.append(TrialResult(trial_id=trial.trial_id, result=result))
+        if results:
+            self.client.api.report_results(self.id, results)
+        return len(trials)
+
+
+def test_follow_hands_each_trial_its_own_record(live: LiveServer) -> None:
+    """Two jobs tune one workload; the other job's failures and successes are stored
+    between this one's: every trial reaches the callbacks with the record of its own
+    trial (the server joins trial to record), never the other job's."""
+    worker = FakeWorker(live, cost=lambda index: 1e-3, fail=lambda n: n % 3 == 0)
+    with tuner.Client(live.url, live.tokens["client"]) as client:
+        mine = client.submit([DENSE], TARGET, n_trial=4, tuner="random")
+        other = client.submit([DENSE], TARGET, n_trial=4, tuner="random")
+        while worker.measure(8, reverse=True):
+            pass
+        seen: list[tuner.Trial] = []
+        job = client.follow(mine, [seen.append])
+        task = job.tasks[0].id
+        assert [t.number for t in seen] == [1, 2, 3, 4] and job.status.final
+        assert [(t.record.config.to_json(), t.record.result.error_no)
+                for t in seen if t.record] == [
+            (config, result.error_no) for config, result in worker.leased[task]]
+        assert [t.error_no for t in seen] == [r.error_no for _, r in worker.leased[task]]
+        assert all(t.job_id == mine for t in seen)
+        assert client.job(other).status.final
+
+
+def test_tune_best_is_this_jobs_own(live: LiveServer) -> None:
+    """TuneResult.best is the cheapest working trial of the job itself, not a cheaper
+    record another job stored for the same workload and device; a tuner the server does
+    not know is its 422, naming the field."""
+    worker = FakeWorker(live, cost=lambda index: 1e-3 / (index + 1))
+    with tuner.Client(live.url, live.tokens["client"]) as client:
+        with pytest.raises(tuner.InvalidRequest, match="tuner") as refused:
+            tuner.tune(DENSE, TARGET, tuner="nope", server=client)
+        assert refused.value.detail.startswith("tuner: ")
+        first = client.submit([DENSE], TARGET, n_trial=9, tuner="grid")
+        while worker.measure(9):
+            pass
+        cheapest = min(client.records(TARGET, DENSE), key=lambda r: r.result.mean_cost)
+        worker.cost = lambda index: 1.0 + index  # dearer than every stored record
+        stop = threading.Event()
+
+        def work() -> None:
+            while not stop.is_set():
+                if not worker.measure(2):
+                    stop.wait(0.05)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        try:
+            result = tuner.tune(DENSE, TARGET, n_trial=3, tuner="random", server=client,
+                                measure=FAST)
+        finally:
+            stop.set()
+            thread.join(10)
+        assert result.ok and client.job(first).status == "done"
+        best = result.best[0]
+        assert best is not None and best.result.mean_cost >= 1.0
+        assert best != cheapest
+        mine = [config for config, _ in worker.leased[result.job.tasks[0].id]]
+        assert best.config.to_json() == min(mine, key=lambda c: c["index"])
+
+
+def test_database_has_the_clients_record_methods(live: LiveServer, tmp_path: Path) -> None:
+    """tuner.Database and tuner.Client answer the same calls alike: import_log takes a
+    path (a second import adds nothing), import_lines takes text, export, best and
+    pretuned_log agree; a missing database is NoDatabase, and is not created."""
+    log = next(p for p in tuner.records.pretuned().paths if p.name.startswith("opencl"))
+    lines = [line for line in log.read_text().splitlines() if line.startswith("{")][:40]
+    (tmp_path / "some.log").write_text("\n".join(lines) + "\n")
+    missing = tmp_path / "missing.db"
+    with pytest.raises(tuner.NoDatabase, match="no database"):
+        tuner.Database(f"sqlite:///{missing}").export()
+    assert not missing.exists()
+    target = tuner.Target.parse(Record_target(lines[0]))
+    with tuner.Client(live.url, live.tokens["client"]) as client, \
+            tuner.Database(f"sqlite:///{tmp_path / 'db.sqlite'}", create=True) as database:
+        for store in (client, database):
+            first = store.import_log(tmp_path / "some.log")
+            assert first.accepted + first.refused == len(lines) and first.accepted > 0
+            again = store.import_lines("\n".join(lines))
+            assert again.accepted == 0 and again.duplicates == first.accepted
+        assert database.export(target) == client.export(target)
+        assert database.pretuned_log(target) == client.pretuned_log(target)
+        workloads = list({r.workload.key: r.workload
+                          for r in database.records(target)}.values())
+        assert [b.record for b in database.best(target, workloads)] == [
+            b.record for b in client.best(target, workloads)]
+        assert database.search(target) == client.search(target)
+
+
+def Record_target(line: str) -> str:
+    return str(json.loads(line)["input"][0])
+
+
+@needs_pocl
+def test_build_closes_the_device_it_opened(workdir: Path) -> None:
+    """A device tuner.build opens is the module's to close; one passed in stays open."""
+    from compiler.runtime import open_device
+
+    with tuner.build("model.onnx", TARGET) as module:
+        assert module.owns_device
+        (y,) = module.run([np.ones((1, 4, 8, 8), np.float32)])
+    assert not module.owns_device
+    with open_device("opencl:0") as device:
+        kept = tuner.build("model.onnx", TARGET, device=device)
+        kept.close()
+        np.testing.assert_allclose(kept.run([np.ones((1, 4, 8, 8), np.float32)])[0], y)
+
+
+def test_cli_times_trials_as_tune_does() -> None:
+    """`tuner tune`'s timing flags default to tuner.DEFAULT_MEASURE, what tune() uses."""
+    import inspect
+
+    from cli.tune import tune as command
+
+    defaults = {name: p.default.default for name, p in inspect.signature(command).parameters.items()
+                if name in ("number", "repeat", "min_repeat_ms", "timeout")}
+    assert defaults == {"number": tuner.DEFAULT_MEASURE.number,
+                        "repeat": tuner.DEFAULT_MEASURE.repeat,
+                        "min_repeat_ms": tuner.DEFAULT_MEASURE.min_repeat_ms,
+                        "timeout": tuner.DEFAULT_MEASURE.timeout_s}
+    assert inspect.signature(tuner.tune).parameters["measure"].default == tuner.DEFAULT_MEASURE
+    assert tuner.DEFAULT_MEASURE.min_repeat_ms == 50.0
 
 
 def test_tuner_loads_no_cli_and_bench_imports_no_cli() -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 from server_fixtures import (
     BACKENDS,
     LiveServer,
+    empty_database,
     live_server,
     migrate,
     migrated_sessions,
@@ -171,3 +174,90 @@ def test_import_needs_files_or_pretuned(tmp_path: Path) -> None:
                      "--database-url", url)
     assert unknown.exit_code == 1 and "no pretuned records for vulkan" in unknown.output
     assert stored(url) == 0
+
+
+def test_concurrent_imports_store_one_copy(sessions: sessionmaker[Session]) -> None:
+    """Two imports of one log at once (two threads, two transactions): the unique
+    ``line_hash`` keeps one copy of each line, and between them the reports count every
+    line once as accepted and once as a duplicate."""
+    path = tophub_paths()[0]
+    lines = path.read_text().splitlines()
+    start = threading.Barrier(2)
+    reports: list[svc.ImportReport] = []
+
+    def run() -> None:
+        start.wait(30)
+        with sessions.begin() as session:
+            reports.append(svc.import_lines(session, lines))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(reports) == 2, "an import failed"
+    with sessions() as session:
+        assert svc.query(session, limit=1)[0] == distinct(path)
+    assert sum(r.accepted for r in reports) == distinct(path)
+    assert [r.accepted + r.duplicates for r in reports] == [len(tophub_lines(path))] * 2
+
+
+def _alembic(url: str, revision: str) -> None:
+    """``alembic upgrade <revision>`` on ``url`` (the project's scripts)."""
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
+    import migrations
+    from tuner_server.db.session import make_engine
+
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_upgrade_hashes_stored_rows_and_keeps_the_first_copy(backend: str,
+                                                             tmp_path: Path) -> None:
+    """Migration 0005 over rows stored before it: each gets its record_hash, of rows
+    that repeat one another (another info or version, same measurement) the first
+    stored stays, and a later import of them counts as a duplicate."""
+    import sqlalchemy as sa
+
+    from tuner_server.db.models import record_hash
+    from tuner_server.db.session import make_engine, session_factory
+
+    first, other = tophub_lines(tophub_paths()[0])[:2]
+    again = copy.deepcopy(first)
+    again["info"] = {"worker": "elsewhere"}
+    old = sa.table("records", *(sa.column(c) for c in (
+        "target", "target_kind", "target_model", "target_keys", "template", "workload_key",
+        "mean_cost", "error_no", "timestamp", "source", "created_at")),
+        sa.column("line", sa.JSON))
+    with empty_database(backend, tmp_path) as url:
+        _alembic(url, "0004")
+        engine = make_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(sa.insert(old), [
+                    {"target": rec["input"][0], "target_kind": "cuda", "target_model": "x",
+                     "target_keys": ",cuda,gpu,", "template": rec["input"][1],
+                     "workload_key": json.dumps(rec["input"][1:3]), "mean_cost": 1e-3,
+                     "error_no": 0, "timestamp": 1.0, "source": "imported", "line": rec,
+                     "created_at": datetime.now(UTC)}
+                    for rec in (first, other, again)])
+            _alembic(url, "head")
+            with engine.connect() as conn:
+                rows = conn.execute(sa.text(
+                    "SELECT id, line_hash FROM records ORDER BY id")).all()
+            assert rows == [(1, record_hash(first)), (2, record_hash(other))]
+            with session_factory(engine).begin() as session:
+                report = svc.import_lines(session, [json.dumps(again), json.dumps(other)])
+            assert (report.accepted, report.duplicates) == (0, 2)
+        finally:
+            engine.dispose()

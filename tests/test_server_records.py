@@ -42,6 +42,7 @@ from compiler.templates import (
     get_template,
 )
 from schemas import Record
+from tuner_server.db.models import record_hash
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -812,10 +813,11 @@ def test_rows_stored_before_validation_never_break_reads(fresh: LiveServer) -> N
     with engine.begin() as conn:
         conn.execute(text(
             "INSERT INTO records (target, target_kind, target_model, target_keys, template, "
-            "workload_key, line, mean_cost, error_no, timestamp, created_at, source) "
+            "workload_key, line, mean_cost, error_no, timestamp, created_at, source, "
+            "line_hash) "
             "SELECT 'cuda -model=a b', target_kind, 'a', target_keys, template, "
-            "workload_key, :line, mean_cost / 2, 0, timestamp, created_at, 'imported' "
-            "FROM records"), {"line": json.dumps(broken)})
+            "workload_key, :line, mean_cost / 2, 0, timestamp, created_at, 'imported', :hash "
+            "FROM records"), {"line": json.dumps(broken), "hash": record_hash(broken)})
     engine.dispose()
     with fresh.client("client") as client:
         page = client.get("/api/v1/records")

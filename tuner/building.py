@@ -2,7 +2,8 @@
 
 ``with apply_history_best(records):`` makes ``records`` the source of every
 ``tuner.build`` inside the block that names none, as AutoTVM's context does for
-``relay.build``."""
+``relay.build``. It is a ContextVar: a thread started inside the block does not see it
+(pass ``records=`` to builds in other threads)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from schemas import Target
 
 if TYPE_CHECKING:
     from compiler.build_module import Module
+    from compiler.passes.quantize import QConfig
     from compiler.runtime import Device
 
 Model = Graph | str | Path | Any  # a Graph, an .onnx path or an onnx.ModelProto
@@ -30,7 +32,11 @@ _active: ContextVar[RecordSource | None] = ContextVar("tuner_records", default=N
 def apply_history_best(records: RecordSource | str | Path | Sequence[str | Path]
                        ) -> Iterator[RecordSource]:
     """Builds inside the block that name no records use ``records`` (a source, or log
-    files / a server URL as ``tuner.records.source`` takes them)."""
+    files / a server URL as ``tuner.records.source`` takes them).
+
+    The choice lives in a ContextVar, as AutoTVM's context does in a thread-local: it
+    holds in this thread (and asyncio tasks started inside), not in threads started
+    inside the block; give those builds ``records=``."""
     from tuner.records import source
 
     chosen = records if isinstance(records, RecordSource) else source(records)
@@ -50,6 +56,15 @@ def _target(target: str | Target) -> Target:
     return target if isinstance(target, Target) else Target.parse(target)
 
 
+def quantized(graph: Graph, qconfig: QConfig | Sequence[str] = ()) -> Graph:
+    """``graph`` with its conv2d layers in int8 (TVM v0.5 quantization; ``qconfig``: a
+    QConfig, or its settings as ``KEY=VALUE`` strings)."""
+    from compiler.passes.quantize import QConfig, quantize
+
+    config = qconfig if isinstance(qconfig, QConfig) else QConfig.from_pairs(list(qconfig))
+    return quantize(graph, config)
+
+
 def load(model: Model, quantize: bool = False, qconfig: Sequence[str] = ()) -> Graph:
     """A model as an optimized graph (int8 convs with ``quantize``, TVM v0.5's qconfig
     settings as ``KEY=VALUE`` strings), what tuning and building both start from."""
@@ -58,10 +73,7 @@ def load(model: Model, quantize: bool = False, qconfig: Sequence[str] = ()) -> G
 
     graph = load_graph(model)
     if quantize:
-        from compiler.passes.quantize import QConfig
-        from compiler.passes.quantize import quantize as run
-
-        graph = run(graph, QConfig.from_pairs(list(qconfig)))
+        graph = quantized(graph, qconfig)
     elif qconfig:
         raise ValueError("qconfig: needs quantize=True")
     return optimize(graph)
@@ -84,13 +96,22 @@ def build(model: Model, target: str | Target | None = None,
     """Build ``model`` for the local device matching ``target`` (or ``device``, e.g.
     ``opencl:0``) with the best config of every task from ``records`` (default: the
     enclosing ``apply_history_best``; without one, every template's default).
-    ``optimized``: ``model`` is a graph :func:`load` already returned."""
+    ``optimized``: ``model`` is a graph :func:`load` already returned. A device this
+    opens is the module's: ``module.close()`` (or ``with``) releases it; a
+    :class:`Device` passed in stays the caller's."""
     from compiler.build_module import build as compile_graph
     from compiler.build_module import load_graph
     from compiler.runtime import open_device
 
-    if device is None or isinstance(device, str):
-        device = open_device(device, target=str(target) if target is not None else None)
     source = records if records is not None else current_records()
     graph = load_graph(model) if optimized else load(model, quantize, qconfig)
-    return compile_graph(graph, records=source, device=device, optimized=True)
+    if device is not None and not isinstance(device, str):
+        return compile_graph(graph, records=source, device=device, optimized=True)
+    opened = open_device(device, target=str(target) if target is not None else None)
+    try:
+        module = compile_graph(graph, records=source, device=opened, optimized=True)
+    except BaseException:
+        opened.close()
+        raise
+    module.owns_device = True
+    return module

@@ -24,11 +24,10 @@ from schemas.api import (
     RecordSummary,
     TaskView,
     TrialPage,
-    TrialPoint,
     WorkerInfo,
 )
 from tuner.callbacks import Callback, Trial, as_callback
-from tuner_client import RECORDS_PAGE, ApiError, BadAnswer, TunerClient, Unavailable
+from tuner_client import ApiError, BadAnswer, TunerClient, Unavailable
 
 DEFAULT_SERVER = "http://127.0.0.1:8600"  # what `tuner serve` listens on by default
 POLL_S = 0.5  # how often a followed job is polled
@@ -41,6 +40,19 @@ class TunerError(Exception):
 
 class Unreachable(TunerError):
     """The server did not answer at all (down, restarting, wrong address)."""
+
+
+class Unauthorized(TunerError):
+    """The server refused the token (none, unknown, or a role that may not do this)."""
+
+
+class InvalidRequest(TunerError, ValueError):
+    """The server refused a value (422); ``detail`` is its message, which starts with
+    the field's name (``tuner: unknown tuner 'best'; known: ...``)."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 class Client:
@@ -118,30 +130,18 @@ class Client:
 
     def follow(self, job_id: int, callbacks: Sequence[CallbackLike] = (), *,
                check: Callable[[], None] | None = None) -> JobView:
-        """Poll the job until it ends (every ``POLL_S``), handing its measured trials,
-        each with its stored record, to ``callbacks`` (those measured before first);
-        ``check`` runs at every poll and raises if the job can no longer end."""
-        job = self.job(job_id)
-        counts = [self.count_records(job.target, _workload(t)) for t in job.tasks]
-        done = [t.trials_done for t in self.job(job_id).tasks]
-        # each task's last `done` records are taken as its trials'; counting before
-        # reading `done` can only start earlier, and others' records are passed over
-        before = [max(c - d, 0) for c, d in zip(counts, done, strict=True)]
-        return self.follow_from(job_id, before, callbacks, check=check)
-
-    def follow_from(self, job_id: int, before: Sequence[int],
-                    callbacks: Sequence[CallbackLike] = (), *,
-                    check: Callable[[], None] | None = None) -> JobView:
-        """:meth:`follow` for a job submitted when each task's workload had ``before[i]``
-        records on the job's target (what ``tuner.tune`` counts as it submits)."""
+        """Poll the job until it ends (every ``POLL_S``), handing each measured trial,
+        with the record the server stored for it, to ``callbacks`` (those measured
+        before first); ``check`` runs at every poll and raises if the job can no
+        longer end."""
         hooks = [as_callback(c) for c in callbacks]
         job = self.job(job_id)
-        feed = _TrialFeed(self, job, before)
+        last: list[int | None] = [None] * len(job.tasks)  # each task's last trial handed on
         for hook in hooks:
             hook.on_start(job)
         try:
             while True:
-                for trial in feed.new_trials(job):
+                for trial in self._new_trials(job, last):
                     for hook in hooks:
                         hook.on_trial(trial)
                 for hook in hooks:
@@ -156,28 +156,34 @@ class Client:
             for hook in hooks:
                 hook.on_end(job)
 
+    def _new_trials(self, job: JobView, last: list[int | None]) -> list[Trial]:
+        """The trials of ``job`` measured since ``last`` (updated), a page at a time."""
+        found: list[Trial] = []
+        for i, task in enumerate(job.tasks):
+            workload = _workload(task)
+            while True:
+                points = self.trials(job.id, task.id, after=last[i]).items
+                if not points:
+                    break
+                found += [Trial(job.id, i, workload, p.trial, p.error_no, p.cost, p.gflops,
+                                Record.from_json(p.record) if p.record else None)
+                          for p in points]
+                last[i] = points[-1].id
+                if points[-1].trial >= task.trials_done:
+                    break
+        return found
+
     # ---------------------------------------------------------------- records
 
-    def records(self, target: str | Target | None = None, workload: Workload | None = None,
-                offset: int = 0) -> list[Record]:
+    def records(self, target: str | Target | None = None,
+                workload: Workload | None = None) -> list[Record]:
         """Every stored record (of a target's kind, or kind and model; of a workload),
-        oldest first, from the ``offset``-th on."""
-        found: list[Record] = []
+        oldest first."""
         with self._answering("records"):
-            while True:
-                page = self.api.records(target, workload=workload, limit=RECORDS_PAGE,
-                                        offset=offset + len(found))
-                found += [Record.from_json(item) for item in page.items]
-                if not page.items or offset + len(found) >= page.total:
-                    return found
+            return [Record.from_json(item)
+                    for item in self.api.iter_records(target, workload=workload)]
 
-    def count_records(self, target: str | Target | None = None,
-                      workload: Workload | None = None) -> int:
-        """How many records ``records`` with these filters would list."""
-        with self._answering("records"):
-            return self.api.records(target, workload=workload, limit=1).total
-
-    def search(self, target: str | None = None, template: str | None = None,
+    def search(self, target: str | Target | None = None, template: str | None = None,
                workload: str | None = None, best: bool = True,
                limit: int = 100) -> list[RecordSummary]:
         """The dashboard's search (``workload``: a substring of the key, e.g. 1,64,56,56);
@@ -185,17 +191,22 @@ class Client:
         with self._answering("records"):
             return self.api.search_records(target, template, workload, best, limit).items
 
-    def best(self, workloads: Sequence[Workload], target: str | Target) -> list[BestItem]:
+    def best(self, target: str | Target, workloads: Sequence[Workload]) -> list[BestItem]:
         """The server's best record of each workload for ``target`` (AutoTVM's
         ApplyHistoryBest rule), in the order asked."""
         with self._answering("records"):
             return self.api.best(target, workloads)
 
-    def import_log(self, log: str | Path | Iterable[str]) -> ImportResponse:
-        """Store AutoTVM log lines (a file, its text, or lines) as imported records."""
-        text = log.read_text() if isinstance(log, Path) else log
+    def import_log(self, path: str | Path) -> ImportResponse:
+        """Store an AutoTVM log file as imported records (lines already stored count as
+        duplicates)."""
+        return self.import_lines(Path(path).read_text().splitlines())
+
+    def import_lines(self, lines: str | Iterable[str]) -> ImportResponse:
+        """Store AutoTVM log lines (a text, or its lines) as imported records; line
+        numbers in the answer count from the first line given."""
         with self._answering("records"):
-            return self.api.import_records(text)
+            return self.api.import_records(lines)
 
     def export(self, target: str | Target | None = None) -> str:
         """Every stored record (of a target's kind, or kind and model) as AutoTVM lines."""
@@ -212,19 +223,17 @@ def _explain(err: ApiError, server: str, what: str) -> TunerError:
     status, detail, method, path = err.status, err.detail, err.method, err.path
     if isinstance(err, Unavailable):
         if status is None:
-            return Unreachable(f"cannot reach the tuning server at {server}: {detail} "
-                               f"(--server or TUNER_SERVER)")
+            return Unreachable(f"cannot reach the tuning server at {server}: {detail}")
         return Unreachable(f"the tuning server at {server} is unavailable ({status}: "
                            f"{detail}); try again in a moment")
     if isinstance(err, BadAnswer):
         return TunerError(f"{server}{path} did not answer JSON of this version's API: "
                           f"{detail}")
     if status == 401:
-        return TunerError(f"the server refused the token ({status}: {detail}); pass a client "
-                          f"token with --token or TUNER_TOKEN (`tuner token create --role "
-                          f"client`)")
+        return Unauthorized(f"the server refused the token ({status}: {detail}); use a "
+                            f"client token")
     if status == 403:
-        return TunerError(f"forbidden ({status}: {detail}); use a client or admin token")
+        return Unauthorized(f"forbidden ({status}: {detail}); use a client or admin token")
     if status in (404, 405) and detail in ("Not Found", "Method Not Allowed"):
         # FastAPI's own answer for a route it does not have: an older or other server
         return TunerError(f"{server} has no {method} {path} ({status}); is it a tuning "
@@ -232,55 +241,10 @@ def _explain(err: ApiError, server: str, what: str) -> TunerError:
     if status == 404:
         return TunerError(f"{detail if what in detail else f'{what}: {detail}'} "
                           f"(on {server})")
+    if status == 422:
+        return InvalidRequest(f"the server refused {method} {path}: {detail}", detail)
     return TunerError(f"the server answered {status} to {method} {path}: {detail}")
 
 
 def _workload(task: TaskView) -> Workload:
     return Workload.model_validate({"template": task.template, "args": task.args})
-
-
-class _TrialFeed:
-    """A job's newly measured trials, each with its stored record: the record listing
-    of each task's workload on the job's target, read from where it stood before the
-    job, paired in storage order with the task's trials (a record another job stored in
-    between does not match a trial's outcome and is passed over)."""
-
-    def __init__(self, client: Client, job: JobView, before: Sequence[int]) -> None:
-        self.client, self.target = client, job.target
-        self.workloads = [_workload(t) for t in job.tasks]
-        self.seen = [0] * len(job.tasks)  # trials handed on, per task
-        self.last: list[int | None] = [None] * len(job.tasks)  # their last trial id
-        self.offset = list(before)  # records of the workload read, per task
-
-    def new_trials(self, job: JobView) -> list[Trial]:
-        found: list[Trial] = []
-        for i, task in enumerate(job.tasks):
-            while task.trials_done > self.seen[i]:  # a page at a time
-                points = self.client.trials(job.id, task.id, after=self.last[i]).items
-                if not points:
-                    break
-                records = self.client.records(self.target, self.workloads[i], self.offset[i])
-                for point in points:
-                    record = self._match(i, point, records)
-                    found.append(Trial(job.id, i, self.workloads[i], point.trial,
-                                       point.error_no, point.cost, point.gflops, record))
-                self.seen[i] = points[-1].trial
-                self.last[i] = points[-1].id
-        return found
-
-    def _match(self, task: int, point: TrialPoint, records: list[Record]) -> Record | None:
-        while records:
-            record = records.pop(0)
-            self.offset[task] += 1
-            if _same(point, record):
-                return record
-        return None
-
-
-def _same(point: TrialPoint, record: Record) -> bool:
-    """Whether ``record`` is the outcome ``point`` reports (error number, mean cost)."""
-    if int(record.result.error_no) != point.error_no:
-        return False
-    if point.cost is None:
-        return True
-    return abs(record.result.mean_cost - point.cost) <= 1e-9 * max(point.cost, 1e-30)

@@ -22,7 +22,7 @@ EMBEDDED = "embedded"  # the embedded run's token names and worker name
 
 class NoLocalDevice(RuntimeError):
     """No local device serves the target (or the one asked for does not): the message
-    lists what there is."""
+    lists what there is; tune for one of those, or on a server's fleet."""
 
 
 class WorkerStopped(RuntimeError):
@@ -69,16 +69,14 @@ def local_device(target: Target, spec: str | None = None) -> DeviceInfo:
         spec = spec if ":" in spec else f"{spec}:0"
         named = [d for d in devices if d.spec == spec]
         if not named:
-            raise NoLocalDevice(f"--device: no local device {spec!r}; local devices: {have}")
+            raise NoLocalDevice(f"device: no local device {spec!r}; local devices: {have}")
         if named[0].spec not in {d.spec for d in serving}:
             raise NoLocalDevice(
-                f"--device {spec} is a {str(named[0].target)!r} device, which does not "
-                f"serve {str(target)!r}; pick another --target or --device, or use "
-                f"--server to tune on a fleet")
+                f"device {spec} is a {str(named[0].target)!r} device, which does not "
+                f"serve {str(target)!r}")
         return named[0]
     if not serving:
-        raise NoLocalDevice(f"no local device serves {str(target)!r}; local devices: {have}; "
-                            f"use --server to tune on a fleet")
+        raise NoLocalDevice(f"no local device serves {str(target)!r}; local devices: {have}")
     return preferred_device(serving) or serving[0]  # a GPU first, as `tuner worker` picks
 
 
@@ -212,6 +210,7 @@ class EmbeddedFleet:
             else:  # registered (or registering) but not serving: only its child to reap
                 self.agent.abort()
                 self.agent.deregister()
+                self.agent.close()
         if self._server is not None:
             self._server.should_exit = True
             self._threads[0].join(10)

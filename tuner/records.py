@@ -56,18 +56,15 @@ class DatabaseSource(RecordSource):
             make_engine,
             session_factory,
         )
-        from tuner_server.services.records import query
+        from tuner_server.services.records import stored_of
 
         origin = f"database {self.url}"
         engine = make_engine(self.url)
         try:
             check_schema(engine, self.url)
-            found: list[Candidate] = []
             with session_factory(engine)() as session:
-                for workload in {w.key: w for w in workloads}.values():
-                    found += [Candidate(r, origin)
-                              for r in query(session, workload=workload, limit=100_000)[1]]
-            return found
+                return [Candidate(record, origin, measured)
+                        for record, measured in stored_of(session, workloads)]
         except SchemaError as err:
             raise RecordsError(str(err)) from None
         except SQLAlchemyError as err:

@@ -13,17 +13,22 @@ from compiler.ir import Graph
 from compiler.records import MemorySource
 from compiler.tasks import Task
 from schemas import MeasureOptions, Record, Target, Workload
-from schemas.api import JobView
+from schemas.api import DEFAULT_TUNER, JobStatus, JobView
 from tuner.building import extract_tasks
 from tuner.callbacks import Callback, Trial
-from tuner.client import Client, TunerError
+from tuner.client import Client, InvalidRequest, TunerError
 from tuner.embedded import (
     EmbeddedFleet,
     WorkerStopped,
     default_database_url,
     local_device,
 )
-from tuner_server.search import DEFAULT_TUNER, TUNERS
+
+# How a trial is timed unless told: what `tuner tune` defaults to as well. Unlike the
+# contract's bare defaults, a repeat lasts at least 50 ms (steadier on a busy CPU) and a
+# trial may take a minute (a first build on a cold compiler cache).
+DEFAULT_MEASURE = MeasureOptions.model_validate(
+    {"number": 3, "repeat": 3, "min_repeat_ms": 50.0, "timeout_s": 60.0})
 
 
 class TuneInterrupted(KeyboardInterrupt):
@@ -37,20 +42,36 @@ class TuneInterrupted(KeyboardInterrupt):
 
 @dataclass(frozen=True)
 class TuneResult:
-    """The job as it ended, and the best record of each of its tasks (in task order;
-    None where no trial succeeded) for the target it was tuned on."""
+    """The job as it ended, and the best record each of its tasks measured in this job
+    (in task order; None where no trial succeeded): the cheapest working trial, the
+    first of equal costs."""
 
     job: JobView
     best: list[Record | None]
 
     @property
     def ok(self) -> bool:
-        return self.job.status == "done"
+        return self.job.status == JobStatus.DONE
 
     def records(self) -> MemorySource:
         """The best records as a source, for ``tuner.build``."""
         return MemorySource([r for r in self.best if r is not None],
                             origin=f"job {self.job.id}")
+
+
+class _BestOfJob(Callback):
+    """Each task's cheapest working trial of this job with its record (ties: the first
+    measured), as the trials reach the callbacks."""
+
+    def __init__(self, tasks: int) -> None:
+        self.found: list[tuple[float, Record] | None] = [None] * tasks
+
+    def on_trial(self, trial: Trial) -> None:
+        if trial.error_no != 0 or trial.cost is None or trial.record is None:
+            return
+        held = self.found[trial.task]
+        if held is None or trial.cost < held[0]:
+            self.found[trial.task] = (trial.cost, trial.record)
 
 
 TaskLike = Task | Workload
@@ -62,7 +83,7 @@ def tune(model_or_tasks: Tasks, target: str | Target, n_trial: int = 64,
          server: str | Client | None = None, token: str | None = None,
          database_url: str | None = None,
          callbacks: Sequence[Callback | Callable[[Trial], object]] = (), *,
-         plan_size: int = 16, measure: MeasureOptions | None = None,
+         plan_size: int = 16, measure: MeasureOptions = DEFAULT_MEASURE,
          device: str | None = None) -> TuneResult:
     """Tune every conv2d/dense task of a model (an .onnx path, an onnx model or a
     graph), or the given tasks (``tuner.extract_tasks``' values or workloads), as one
@@ -72,12 +93,11 @@ def tune(model_or_tasks: Tasks, target: str | Target, n_trial: int = 64,
     ``TUNER_DATABASE_URL``, else the embedded SQLite file) and a worker on the local
     device (``device``, else the one that serves ``target``, a GPU first), both in this
     process and stopped at the end. With ``server`` (a URL, with ``token``, or a
-    :class:`Client`) the job runs on that server's fleet. Ctrl-C cancels the job
-    (:class:`TuneInterrupted`); a job that ends failed or cancelled is returned, not
-    raised (see ``TuneResult.ok``)."""
+    :class:`Client`) the job runs on that server's fleet. A value the server refuses
+    (an unknown ``tuner``) raises :class:`tuner.InvalidRequest` naming it. Ctrl-C
+    cancels the job (:class:`TuneInterrupted`); a job that ends failed or cancelled is
+    returned, not raised (see ``TuneResult.ok``)."""
     tgt = target if isinstance(target, Target) else Target.parse(target)
-    if tuner not in TUNERS:
-        raise ValueError(f"tuner: {tuner!r} is not one of {', '.join(sorted(TUNERS))}")
     workloads = _workloads(model_or_tasks, tgt)
     if server is not None and device is not None:
         raise ValueError("device: chooses the embedded worker's device; a server's workers "
@@ -87,28 +107,25 @@ def tune(model_or_tasks: Tasks, target: str | Target, n_trial: int = 64,
     owned = not isinstance(server, Client)
     job_id: int | None = None
     try:
-        best_target = str(tgt)
         if server is None:
+            _check_tuner(tuner)  # before anything starts, as the server would refuse it
             info = local_device(tgt, device)
             fleet = EmbeddedFleet(database_url or default_database_url(), info.spec)
-            best_target = str(info.target)  # the records the worker stores
             fleet.start()
             client = Client(fleet.url, fleet.client_token, timeout=60)
         else:
             client = server if isinstance(server, Client) else Client(server, token, timeout=60)
-        before = [client.count_records(tgt, w) for w in workloads]  # the log's offsets
         job_id = client.submit(workloads, tgt, n_trial=n_trial, tuner=tuner,
                                early_stopping=early_stopping, plan_size=plan_size,
                                measure=measure)
+        best = _BestOfJob(len(workloads))
         try:
-            job = client.follow_from(job_id, before, callbacks,
-                                     check=fleet.check if fleet else None)
+            job = client.follow(job_id, [*callbacks, best],
+                                check=fleet.check if fleet else None)
         except WorkerStopped as err:
             client.cancel(job_id)
             raise WorkerStopped(f"{err}; job {job_id} cancelled") from None
-        best = client.best(workloads, best_target)
-        return TuneResult(job, [Record.from_json(b.record) if b.record else None
-                                for b in best])
+        return TuneResult(job, [b[1] if b else None for b in best.found])
     except KeyboardInterrupt:
         if fleet is not None:
             fleet.abort()
@@ -120,15 +137,24 @@ def tune(model_or_tasks: Tasks, target: str | Target, n_trial: int = 64,
             fleet.close()
 
 
+def _check_tuner(name: str) -> None:
+    """Refuse a tuner the embedded server does not have (its search package is loaded
+    for the run anyway) with the 422 a server answers."""
+    from tuner_server.search import TUNERS
+
+    if name not in TUNERS:
+        detail = f"tuner: unknown tuner {name!r}; known: {', '.join(sorted(TUNERS))}"
+        raise InvalidRequest(f"the tuning server refuses the job: {detail}", detail)
+
+
 def _cancel(client: Client | None, job_id: int | None) -> str:
     if client is None or job_id is None:
         return "no job was submitted"
     try:
         status = client.cancel(job_id)
     except TunerError as err:
-        return (f"job {job_id} may still run ({err}); cancel it with "
-                f"`tuner cancel {job_id}`")
-    return (f"job {job_id} cancelled" if status == "cancelled" else
+        return f"job {job_id} may still run ({err}); cancel it on the server"
+    return (f"job {job_id} cancelled" if status == JobStatus.CANCELLED else
             f"job {job_id} had already ended ({status})")
 
 

@@ -3,7 +3,7 @@
 It imports only ``schemas``, ``httpx`` and the standard library, so workers, the
 compiler and scripts reach the server without importing it."""
 
-from tuner_client.client import RECORDS_PAGE, PretunedLog, TunerClient
+from tuner_client.client import MAX_500, RECORDS_PAGE, PretunedLog, Stop, TunerClient
 from tuner_client.errors import (
     ApiError,
     BadAnswer,
@@ -15,6 +15,7 @@ from tuner_client.errors import (
 )
 
 __all__ = [
+    "MAX_500",
     "RECORDS_PAGE",
     "ApiError",
     "BadAnswer",
@@ -22,6 +23,7 @@ __all__ = [
     "Invalid",
     "NotFound",
     "PretunedLog",
+    "Stop",
     "TunerClient",
     "Unauthorized",
     "Unavailable",

@@ -4,20 +4,26 @@ One place for the base URL, the bearer token, timeouts, retries and the mapping 
 HTTP errors to exceptions (:mod:`tuner_client.errors`); each route is a typed method
 that sends and returns the contract's models (:mod:`schemas.api`).
 
-Retries, with exponential backoff, bounded by ``retries``: a request that never reached
-the server (connection refused, connect timeout) is always retried; one that may have
-reached it (a read timeout, a dropped connection, a 503) only where the server treats it
-idempotently: reads, lease, heartbeat, results and release (by trial id), cancel.
-Submitting a job, registering a worker, deregistering and importing records are not
-sent twice once they may have arrived.
+The one retry loop, with exponential backoff, bounded by ``retries`` (None: until
+``stop``): a request that never reached the server (connection refused, connect
+timeout) is always sent again; one that may have reached it (a read timeout, a dropped
+connection, a 5xx) only where the server treats it idempotently: reads, heartbeat,
+results and release (by trial id), cancel. Submitting a job, registering a worker,
+leasing trials, deregistering and importing records are not sent twice once they may
+have arrived (a lease sent twice leaves the first batch leased to nobody); the
+:class:`~tuner_client.errors.Unavailable` raised then says ``sent``. A request the
+server answers 500 :data:`MAX_500` times is raised even when retrying without bound:
+the server fails on that very request, it is not down.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
+import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 from urllib.parse import quote
@@ -56,7 +62,13 @@ from schemas.api import (
 )
 from tuner_client.errors import ApiError, BadAnswer, Unavailable, error_for
 
+log = logging.getLogger("tuner.client")
+
 API = "/api/v1"
+# A request answered 500 this often is raised, however many retries are left.
+MAX_500 = 5
+# What stops retrying: an event that is set, or a callable that answers True.
+Stop = threading.Event | Callable[[], bool]
 # GET /api/v1/records answers at most this many records a page.
 RECORDS_PAGE = 10_000
 
@@ -70,30 +82,29 @@ class PretunedLog:
     text: str | None
     etag: str | None
 
-    @property
-    def modified(self) -> bool:
-        return self.text is not None
-
 
 class TunerClient:
     """A tuning server at ``url``, as ``token`` (None: a server without auth).
 
     ``timeout``: seconds a request may take (a lease adds its long-poll wait);
-    ``retries``: how many times a failed request is tried again, waiting ``backoff_s``,
-    then twice as long each time, at most ``max_backoff_s``."""
+    ``retries``: how many times a failed request is tried again (None: until ``stop``),
+    waiting ``backoff_s``, then twice as long each time, at most ``max_backoff_s``;
+    ``stop`` (an event, or a callable answering True) ends the retries, checked between
+    attempts and during the waits: the last failure is raised at once."""
 
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0,
-                 retries: int = 3, backoff_s: float = 0.2, max_backoff_s: float = 5.0
-                 ) -> None:
+                 retries: int | None = 3, backoff_s: float = 0.2,
+                 max_backoff_s: float = 5.0, stop: Stop | None = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"server URL {url!r} is not an http:// or https:// URL")
-        if retries < 0 or backoff_s < 0 or max_backoff_s < 0:
+        if (retries is not None and retries < 0) or backoff_s < 0 or max_backoff_s < 0:
             raise ValueError("retries and backoff must not be negative")
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.stop = stop
         self._http = httpx.Client(base_url=self.url, timeout=timeout)
         self._owner = True
         self.use_token(token)
@@ -115,18 +126,47 @@ class TunerClient:
 
     def use_token(self, token: str | None) -> None:
         """Send ``token`` from now on (a worker switches to the one its registration
-        answered); None sends none."""
+        answered); None sends none. Views from :meth:`with_retries` share it."""
         if token:
             self._http.headers["Authorization"] = f"Bearer {token}"
         else:
             self._http.headers.pop("Authorization", None)
 
-    def with_retries(self, retries: int) -> TunerClient:
+    def with_retries(self, retries: int | None, stop: Stop | None = None) -> TunerClient:
         """This client, sharing its connections and token, with another retry budget
-        (0: fail at once, e.g. a heartbeat that the next beat replaces)."""
+        and stop (a worker's heartbeat fails at once: the next beat replaces it)."""
         view = copy.copy(self)
-        view.retries, view._owner = retries, False
+        view.retries, view.stop, view._owner = retries, stop, False
         return view
+
+    def url_of(self, route: str) -> str:
+        """The full URL of an API route, e.g. ``url_of("records/best")``: for naming
+        where an answer came from."""
+        return f"{self.url}{API}/{route.lstrip('/')}"
+
+    def stopped(self) -> bool:
+        """Whether ``stop`` says to retry no more."""
+        stop = self.stop
+        if stop is None:
+            return False
+        return stop.is_set() if isinstance(stop, threading.Event) else stop()
+
+    def backoff(self, attempt: int) -> bool:
+        """Wait before retry number ``attempt + 1`` (exponential, capped); False, at
+        once, when ``stop`` says to stop (before or during the wait)."""
+        delay = self._delay(attempt)
+        if isinstance(self.stop, threading.Event):
+            return not self.stop.wait(delay)
+        deadline = time.monotonic() + delay
+        while not self.stopped():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            time.sleep(min(left, 0.05))
+        return False
+
+    def _delay(self, attempt: int) -> float:
+        return min(self.backoff_s * 2 ** attempt, self.max_backoff_s)
 
     # -- the one request path ------------------------------------------------------------
     def _send(self, method: str, path: str, *, idempotent: bool,
@@ -134,32 +174,38 @@ class TunerClient:
               **kwargs: Any) -> httpx.Response:
         """The answer to ``method path``, retried as the module says; an error status
         (but those in ``ok``) raises its :class:`ApiError`."""
-        attempt = 0
+        attempt = errors_500 = 0
         while True:
             answer: httpx.Response | None = None
-            state = "is unreachable"
+            sent, state = True, "no answer"
             try:
                 answer = self._http.request(method, path, timeout=timeout or self.timeout,
                                             **kwargs)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as err:
-                reason, again = _reason(err), True  # it never reached the server
+                reason, sent, state = _reason(err), False, "unreachable"  # never arrived
             except httpx.TransportError as err:  # it may have reached the server
-                reason, again = _reason(err), idempotent
+                reason = _reason(err)
                 if isinstance(err, httpx.TimeoutException):
-                    state = "did not answer in time"
+                    state = "no answer in time"
             else:
-                if answer.status_code != 503 or answer.status_code in ok:
+                if answer.status_code < 500 or answer.status_code in ok:
                     return self._checked(answer, method, path, ok)
-                reason, again = f"503 {_detail(answer)}", idempotent
-            if not again or attempt >= self.retries:
-                if answer is not None:
-                    raise self._error(answer, method, path)
-                tries = f" after {attempt + 1} tries" if attempt else ""
-                raise Unavailable(None, f"the tuning server at {self.url} {state}{tries} "
-                                        f"({reason}); is it running?",
-                                  method, path, self.url)
-            time.sleep(min(self.backoff_s * 2 ** attempt, self.max_backoff_s))
-            attempt += 1
+                errors_500 += answer.status_code == 500
+                reason = f"{answer.status_code} {_detail(answer)[:200]}"
+            again = ((idempotent or not sent) and errors_500 < MAX_500
+                     and (self.retries is None or attempt < self.retries))
+            if again and not self.stopped():
+                log.info("server unavailable: %s %s%s (%s); retrying in %.1f s", method,
+                         self.url, path, reason, self._delay(attempt))
+                if self.backoff(attempt):
+                    attempt += 1
+                    continue
+            if answer is not None:
+                raise self._error(answer, method, path)
+            tries = f" after {attempt + 1} tries" if attempt else ""
+            hint = "; is the server running?" if not sent else ""
+            raise Unavailable(None, f"{state}{tries} ({reason}){hint}", method, path,
+                              self.url, sent=sent)
 
     def _checked(self, answer: httpx.Response, method: str, path: str,
                  ok: tuple[int, ...]) -> httpx.Response:
@@ -185,8 +231,8 @@ class TunerClient:
             name = getattr(model, "__name__", str(model))
             raise BadAnswer(answer.status_code, f"not a {name} answer "
                                                 f"({err.error_count()} problems, first: "
-                                                f"{err.errors()[0]['msg']}); is {self.url} "
-                                                f"a tuning server of this version?",
+                                                f"{err.errors()[0]['msg']}); is it a tuning "
+                                                f"server of this version?",
                             method, path, self.url) from None
 
     # -- health ----------------------------------------------------------------------------
@@ -197,7 +243,7 @@ class TunerClient:
     def ready(self) -> Readiness:
         """``/readyz``: whether the database and the queue answer. A server that is up
         but not ready answers (503, not retried) with what is missing."""
-        answer = self._send("GET", "/readyz", idempotent=False, ok=(503,))
+        answer = self._send("GET", "/readyz", idempotent=True, ok=(503,))
         readiness: Readiness = self._parse(answer, Readiness, "GET", "/readyz")
         return readiness
 
@@ -243,10 +289,12 @@ class TunerClient:
 
     def lease(self, worker_id: int, max_trials: int = 1, wait_s: float = 10.0
               ) -> LeaseAnswer:
-        """Up to ``max_trials`` trials for this worker, waiting up to ``wait_s`` for work."""
+        """Up to ``max_trials`` trials for this worker, waiting up to ``wait_s`` for work.
+        Not retried once it may have reached the server: the trials it leased would go
+        to nobody until their leases expire, each counting as an attempt."""
         body = LeaseRequest(max_trials=max_trials, wait_s=wait_s)
         return self._json(LeaseAnswer, "POST", f"{API}/workers/{worker_id}/lease",
-                          idempotent=True, timeout=self.timeout + wait_s,
+                          idempotent=False, timeout=self.timeout + wait_s,
                           json=body.model_dump(mode="json"))
 
     def heartbeat(self, worker_id: int, trial_ids: Sequence[int]) -> int:

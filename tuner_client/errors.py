@@ -42,7 +42,15 @@ class Invalid(ApiError):
 
 class Unavailable(ApiError):
     """503, or no answer at all (connection refused, timed out) after the retries: the
-    server is down, restarting or overloaded; the same request may succeed later."""
+    server is down, restarting or overloaded; the same request may succeed later.
+
+    ``sent``: whether the request may have reached the server (False: the connection
+    never opened, so sending anything again is safe)."""
+
+    def __init__(self, status: int | None, detail: str, method: str, path: str,
+                 url: str = "", *, sent: bool = True) -> None:
+        super().__init__(status, detail, method, path, url)
+        self.sent = sent
 
 
 class BadAnswer(ApiError):

@@ -23,6 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy import func, select, text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from schemas.api import Health, Readiness
 from schemas.text import describe, one_line
 from tuner_server.api import jobs, records, workers
 from tuner_server.db.models import RecordRow
@@ -87,7 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="tuner", version="0.1.0", lifespan=lifespan,
                   description="AutoTVM-style tuning service: records, jobs, workers.",
                   docs_url=None, redoc_url=None)
-    app.add_middleware(Guard)
+    app.add_middleware(Guard, import_paths={records.IMPORT_PATH})
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessions = sessions
@@ -142,12 +143,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               redoc_favicon_url="/docs-assets/favicon.png",
                               with_google_fonts=False)
 
-    @app.get("/healthz", include_in_schema=False)
-    def healthz() -> dict[str, str]:
+    @app.get("/healthz", include_in_schema=False, response_model=Health)
+    def healthz() -> Health:
         """Liveness: the process answers (readiness is /readyz)."""
-        return {"status": "ok"}
+        return Health(status="ok")
 
-    @app.get("/readyz", include_in_schema=False)
+    @app.get("/readyz", include_in_schema=False, response_model=Readiness,
+             responses={503: {"model": Readiness}})
     def readyz(request: Request) -> JSONResponse:
         """Readiness: the database and the queue both answer."""
         state = {"database": "ok", "queue": "ok"}
@@ -161,8 +163,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except Exception as err:  # noqa: BLE001
             state["queue"] = f"unavailable: {outage_reason(err)}"
         ready = all(v == "ok" for v in state.values())
-        return JSONResponse({"status": "ok" if ready else "unavailable", **state},
-                            status_code=200 if ready else 503)
+        answer = Readiness(status="ok" if ready else "unavailable", **state)
+        return JSONResponse(answer.model_dump(), status_code=200 if ready else 503)
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus() -> PlainTextResponse:

@@ -4,6 +4,7 @@ error answered as JSON without dropping the connection (503 for an outage)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 import redis
 from fastapi.responses import JSONResponse
@@ -16,7 +17,6 @@ from tuner_server.queue import QueueUnavailable
 # Request bodies past these are refused (413) before they are read into memory.
 MAX_BODY_BYTES = 1024 * 1024
 MAX_IMPORT_BYTES = 32 * 1024 * 1024
-IMPORT_PATH = "/api/v1/records/import"
 # Error details are one line of at most this many characters.
 MAX_DETAIL_CHARS = 500
 
@@ -62,14 +62,15 @@ class Guard:
     re-raises after its 500, and uvicorn then drops the connection, so a client's next
     request on it fails too."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, import_paths: Collection[str] = ()) -> None:
         self.app = app
+        self.import_paths = frozenset(import_paths)  # bodies up to MAX_IMPORT_BYTES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = MAX_IMPORT_BYTES if scope["path"] == IMPORT_PATH else MAX_BODY_BYTES
+        limit = MAX_IMPORT_BYTES if scope["path"] in self.import_paths else MAX_BODY_BYTES
         try:
             body = await self._read_body(scope, receive, limit)
         except _ClientGone:

@@ -4,12 +4,16 @@ all through ``tuner_client``.
 A kernel that hangs or crashes costs one trial (error 7 or 4) because measuring runs in
 a child process; a trial that cannot even be set up (bad options, a config that does not
 decode, an error in the measurer) is reported as that trial's failure (error 1 or 8), so
-no one job can stop a worker. A lost or overloaded server (a transport error, any 5xx,
-503 included) is retried with backoff; a result the server fails on repeatedly (500) or
-refuses (4xx) is dropped, not retried forever; a 409 on a heartbeat or a result (the
-trial is no longer ours) drops it at once, and stops measuring it. A 409 on a lease
-("register again": deregistered) registers again; a 401/403 (the token was revoked)
-stops the worker with one log line saying so.
+no one job can stop a worker. A lost or overloaded server is retried with backoff by
+the client (``retries=None``: until the worker stops), which sends a registration or a
+lease again only when it never reached the server; one that may have (a read timeout, a
+5xx) is made again here, after the client's backoff, because a worker cannot do without
+it: a lost lease's trials return when it expires, a lost registration shows as a live
+twin until then. A result the server fails on repeatedly (500, the client's
+``MAX_500``) or refuses (4xx) is dropped, not retried forever; a 409 on a heartbeat or
+a result (the trial is no longer ours) drops it at once, and stops measuring it. A 409
+on a lease ("register again": deregistered) registers again; a 401/403 (the token was
+revoked) stops the worker with one log line saying so.
 
 SIGTERM finishes the trial in hand, reports it (retried for about a lease, then given
 up: the lease expires), gives the rest of the lease back and deregisters; a crash gives
@@ -24,9 +28,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
-from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -47,11 +49,8 @@ from tuner_client import (
 log = logging.getLogger("tuner.worker")
 
 MAX_MESSAGE = 2000  # characters of an exception's text reported with a failed trial
-MAX_500 = 5  # results the server failed on (500) this often are dropped, not retried
 DEFAULT_LEASE_S = 120.0  # the server's default lease, until its first lease answer says
 REQUEST_TIMEOUT_S = 30.0  # per request; a lease adds its long-poll wait
-
-T = TypeVar("T")
 
 
 def _outage(err: ApiError) -> bool:
@@ -65,9 +64,10 @@ class WorkerAgent:
                  name: str | None = None, batch: int = 1, wait_s: float = 10.0,
                  heartbeat_s: float = 10.0, extra_modules: tuple[str, ...] = ()) -> None:
         self._token = token  # registers; the answer's token does the rest
-        # No retries in the client: the agent's own loop (_call) retries for as long as
-        # it serves, and stops retrying the moment it is told to stop.
-        self._api = TunerClient(server, token, timeout=REQUEST_TIMEOUT_S, retries=0)
+        self.stopping = threading.Event()
+        # Retried for as long as the worker serves; no more once it is told to stop.
+        self._api = TunerClient(server, token, timeout=REQUEST_TIMEOUT_S, retries=None,
+                                stop=self.stopping)
         self._measurer = IsolatedMeasurer(device, extra_modules=extra_modules)
         self._name = name or f"{socket.gethostname()}:{device or 'default'}"
         self._batch, self._wait_s, self._heartbeat_s = batch, wait_s, heartbeat_s
@@ -78,42 +78,38 @@ class WorkerAgent:
         self._give_up_at: float | None = None  # stopping: when to stop retrying reports
         self._lock = threading.Lock()
         self._aborted = False
-        self.stopping = threading.Event()
         self.worker_id: int | None = None
         self.measured = 0
 
     # -- retries: the server may restart under us -------------------------------------
-    def _call(self, request: Callable[[], T], retry: bool = True,
-              report: bool = False) -> T:
-        """``request()``'s answer, retried with backoff while the server is down or
-        failing (:func:`_outage`); a refusal (4xx, an answer that is not the API's) is
-        raised at once. The outage is raised: at once without ``retry``; while stopping,
-        at once but for a ``report`` (a result), which is retried for about a lease after
-        the first failure (then its lease expires); and for a ``report`` after
-        :data:`MAX_500` 500s (a server that fails on this very body, not one that is
-        down)."""
-        delay = 0.2
-        errors = 0
-        while True:
-            try:
-                return request()
-            except ApiError as err:
-                if not _outage(err):
-                    raise
-                errors += err.status == 500
-                if not retry or (self.stopping.is_set() and not report):
-                    raise
-                if report and errors >= MAX_500:
-                    raise
-                if self.stopping.is_set():
-                    if self._give_up_at is None:
-                        self._give_up_at = time.time() + self._lease_s
-                    if time.time() >= self._give_up_at:
-                        raise
-                reason = f"{err.status} {err.detail[:200]}" if err.status else err.detail
-            log.warning("server unavailable (%s); retrying in %.1f s", reason, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+    @property
+    def _once(self) -> TunerClient:
+        """The client, trying once: heartbeats (the next beat replaces one), release and
+        deregister (the leases expire anyway)."""
+        return self._api.with_retries(0)
+
+    @property
+    def _reports(self) -> TunerClient:
+        """The client, retrying a result until :meth:`_give_up`."""
+        return self._api.with_retries(None, stop=self._give_up)
+
+    def _give_up(self) -> bool:
+        """Whether to stop retrying a result: never while serving; stopping, once about a
+        lease has passed since (then its lease expires anyway)."""
+        if not self.stopping.is_set():
+            return False
+        if self._give_up_at is None:
+            self._give_up_at = time.time() + self._lease_s
+        return time.time() >= self._give_up_at
+
+    def _again(self, err: ApiError, attempt: int, what: str) -> bool:
+        """After ``err`` on a request the worker cannot do without (register, lease):
+        whether to make it again, after the client's backoff. Not for a refusal (4xx,
+        an answer that is not the API's), nor once stopping."""
+        if not _outage(err) or self.stopping.is_set():
+            return False
+        log.warning("%s failed (%s); trying again", what, err)
+        return self._api.backoff(attempt)
 
     def register(self) -> int:
         """Register with the token given (a fleet's bootstrap token may only do this) and
@@ -122,7 +118,15 @@ class WorkerAgent:
         registration = WorkerRegistration(name=self._name, target=info.target,
                                           limits=info.limits, device=info.name[:255] or None)
         self._api.use_token(self._token)  # registering again: not the revoked one
-        answer = self._call(lambda: self._api.register_worker(registration))
+        attempt = 0
+        while True:
+            try:
+                answer = self._api.register_worker(registration)
+                break
+            except ApiError as err:
+                if not self._again(err, attempt, "registering"):
+                    raise
+                attempt += 1
         self.worker_id = answer.id
         self._api.use_token(answer.token)
         log.info("registered as worker %s for %s (%s)", self.worker_id, info.target, info.name)
@@ -151,7 +155,7 @@ class WorkerAgent:
         which, and drop those."""
         worker_id = self._worker()
         try:
-            self._call(lambda: self._api.heartbeat(worker_id, trial_ids), retry=False)
+            self._once.heartbeat(worker_id, trial_ids)
         except Conflict as err:
             if len(trial_ids) == 1:
                 self._drop(trial_ids[0], err)
@@ -191,16 +195,21 @@ class WorkerAgent:
             if clean:
                 self._release_held()
                 self.deregister()
+            self.close()
         return self.measured
+
+    def close(self) -> None:
+        """Close the connections to the server (:meth:`run` does, as it ends)."""
+        self._api.close()
 
     def _serve(self, max_trials: int | None, idle_exit_s: float | None) -> None:
         idle_since = time.time()
+        outages = 0
         while not self.stopping.is_set():
             if max_trials is not None and self.measured >= max_trials:
                 return
             try:
-                leased = self._call(partial(self._api.lease, self._worker(), self._batch,
-                                            self._wait_s))
+                leased = self._api.lease(self._worker(), self._batch, self._wait_s)
             except ApiError as err:
                 if self.stopping.is_set():
                     return
@@ -209,7 +218,13 @@ class WorkerAgent:
                     log.warning("%s: registering again", err)
                     self.register()
                     continue
+                if self._again(err, outages, "leasing"):
+                    outages += 1
+                    continue
+                if self.stopping.is_set():
+                    return
                 raise
+            outages = 0
             trials = leased.trials
             self._lease_s = leased.lease_seconds  # beat well inside the server's lease
             self._heartbeat_s = min(self._heartbeat_s, self._lease_s / 3)
@@ -286,7 +301,7 @@ class WorkerAgent:
 
         def post(measured: MeasureResult) -> None:
             results = [TrialResult(trial_id=trial_id, result=measured, info=info)]
-            self._call(lambda: self._api.report_results(worker_id, results), report=True)
+            self._reports.report_results(worker_id, results)
 
         try:
             try:
@@ -321,7 +336,7 @@ class WorkerAgent:
         if held and self.worker_id is not None:
             worker_id = self.worker_id
             try:
-                self._call(lambda: self._api.release(worker_id, held), retry=False)
+                self._once.release(worker_id, held)
             except ApiError as err:
                 log.warning("could not return %d trials (their leases will expire): %s",
                             len(held), err)
@@ -332,7 +347,7 @@ class WorkerAgent:
         if worker_id is None:
             return
         try:
-            self._call(lambda: self._api.deregister(worker_id), retry=False)
+            self._once.deregister(worker_id)
             log.info("deregistered worker %s", worker_id)
         except ApiError as err:
             log.warning("could not deregister worker %s: %s", worker_id, err)

@@ -70,17 +70,19 @@ class Choice:
 
 
 def rank(candidates: Sequence[Candidate], target: Target) -> list[Ranked[Candidate]]:
-    """Candidates in the order ApplyHistoryBest tries them (``history.rank``); a record
-    offered twice (server answer and pretuned log) counts once, where first offered."""
-    seen: set[str] = set()
-    entries: list[Stored[Candidate]] = []
+    """Candidates in the order ApplyHistoryBest tries them (``history.rank``, the fleet's
+    measurements first on this device); a record offered twice (server answer and
+    pretuned log) counts once, where first offered, as measured if either offer is."""
+    first: dict[str, Candidate] = {}
+    measured: set[str] = set()
     for cand in candidates:
         line = cand.record.to_line()
-        if line not in seen:
-            seen.add(line)
-            result = cand.record.result
-            entries.append(Stored(cand, cand.record.target, cost_of(result),
-                                  int(result.error_no)))
+        first.setdefault(line, cand)
+        if cand.measured:
+            measured.add(line)
+    entries = [Stored(cand, cand.record.target, cost_of(cand.record.result),
+                      int(cand.record.result.error_no), line in measured)
+               for line, cand in first.items()]
     return rank_stored(entries, target)
 
 

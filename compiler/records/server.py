@@ -7,7 +7,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -21,9 +20,7 @@ from compiler.records.source import (
     RecordsWarning,
 )
 from schemas import Record, Target, Workload
-from schemas.api import MAX_BEST_WORKLOADS
 from tuner_client import ApiError, BadAnswer, TunerClient, Unavailable
-from tuner_client.client import API
 
 T = TypeVar("T")
 
@@ -83,9 +80,9 @@ class ServerSource(RecordSource):
                 failure: str | None = outage
             else:
                 fresh, failure = self._best(api, unique, target)
+            online = api.url_of("records/best")
         if fresh:
             self.cache.save_answers(self.url, target, fresh)
-        online = f"{self.url}{API}/records/best"
         best = [Candidate(r, online) for r in fresh.values() if r is not None]
         if failure is not None:
             best += self._cached_best([w for w in unique if w.key not in fresh], target,
@@ -99,23 +96,19 @@ class ServerSource(RecordSource):
               target: Target) -> tuple[dict[str, Record | None], str | None]:
         """Server-side ApplyHistoryBest, by workload key (None: no record): it may offer
         another device's record the pretuned log (this model only) lacks. On an outage,
-        the answers had so far (asked a batch at a time) and why the rest are missing."""
-        fresh: dict[str, Record | None] = {}
-        where = f"{self.url}{API}/records/best"
-        for start in range(0, len(unique), MAX_BEST_WORKLOADS):
-            try:
-                items = _checked(partial(api.best, target,
-                                         unique[start:start + MAX_BEST_WORKLOADS]))
-                for item in items:
-                    fresh[item.workload.key] = (None if item.record is None
-                                                else Record.from_json(item.record))
-            except _Unreachable as err:
-                return fresh, f"{where}: {err}"
-            except (BadAnswer, ValueError, TypeError) as err:  # the body, the record format
-                raise RecordsServerError(
-                    f"{where}: not a best-records answer ({type(err).__name__}: {err}); "
-                    "is this a tuner server?") from None
-        return fresh, None
+        no answers and why they are missing."""
+        where = api.url_of("records/best")
+        try:
+            items = _checked(lambda: api.best(target, unique))
+            return {item.workload.key: (None if item.record is None
+                                        else Record.from_json(item.record))
+                    for item in items}, None
+        except _Unreachable as err:
+            return {}, f"{where}: {err}"
+        except (BadAnswer, ValueError, TypeError) as err:  # the body, the record format
+            raise RecordsServerError(
+                f"{where}: not a best-records answer ({type(err).__name__}: {err}); "
+                "is this a tuner server?") from None
 
     def _cached_best(self, asked: Sequence[Workload], target: Target,
                      failure: str) -> list[Candidate]:
@@ -154,7 +147,7 @@ class ServerSource(RecordSource):
             cached, state = self.cache.save(self.url, target, fetched.text or "",
                                             fetched.etag), "downloaded"
         self._note(target, state, cached)
-        return cached, f"{self.url}{API}/logs/{target}"
+        return cached, api.url_of(f"logs/{target}")
 
     def _offline_log(self, target: Target, err: str) -> tuple[CachedLog, str, str]:
         """The cached log as is, its origin, and the outage to warn about."""

@@ -23,10 +23,13 @@ class RecordsUnavailableError(RecordsError):
 
 @dataclass(frozen=True)
 class Candidate:
-    """A record and where it came from (log path, server URL, cache file), for the report."""
+    """A record and where it came from (log path, server URL, cache file), for the report;
+    ``measured``: the fleet's own measurement as a database stores it, which on this
+    device outranks imported lines (a log file's lines are all imported)."""
 
     record: Record
     origin: str
+    measured: bool = False
 
 
 class RecordSource(ABC):

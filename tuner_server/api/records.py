@@ -25,6 +25,9 @@ from tuner_server.api.deps import Caller, get_session, refusals, require
 from tuner_server.services import records as svc
 
 router = APIRouter(prefix="/api/v1", tags=["records"], responses=refusals())
+# the one route whose body may be large (a whole log): the Guard lets it through
+IMPORT_ROUTE = "/records/import"
+IMPORT_PATH = router.prefix + IMPORT_ROUTE
 
 # A query string without control characters: PostgreSQL refuses NUL in a parameter.
 Plain = Annotated[str, AfterValidator(lambda v: check_text(v, "text"))]
@@ -96,7 +99,7 @@ def best_records(body: BestRequest, session: Session = Depends(get_session),
     ])
 
 
-@router.post("/records/import", response_model=ImportResponse)
+@router.post(IMPORT_ROUTE, response_model=ImportResponse)
 def import_records(
     body: str = Body(..., media_type="text/plain",
                      description="AutoTVM JSON lines (32 MiB at most); stored as imported "

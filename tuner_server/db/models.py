@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime, timezone
 from typing import Any
 
@@ -17,6 +19,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.engine.default import DefaultExecutionContext
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -26,6 +29,21 @@ def _now() -> datetime:
 
 class Base(DeclarativeBase):
     pass
+
+
+def record_hash(line: Any) -> str:
+    """SHA-256 of what makes two records the same measurement: input (target,
+    workload), config and result as canonical JSON; not the version fields nor ``info``
+    (which worker, notes). The records table's unique key, so an import stores a line
+    at most once even when two imports run at once."""
+    key = ([line.get("input"), line.get("config"), line.get("result")]
+           if isinstance(line, dict) else line)
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _line_hash(context: DefaultExecutionContext) -> str:
+    return record_hash(context.get_current_parameters()["line"])
 
 
 class RecordRow(Base):
@@ -55,6 +73,8 @@ class RecordRow(Base):
     # measurement of the same device
     source: Mapped[str] = mapped_column(String(16), default="measured",
                                         server_default="measured")
+    # record_hash(line), filled in from ``line`` on insert
+    line_hash: Mapped[str] = mapped_column(String(64), default=_line_hash)
 
     __table_args__ = (
         # best lookup: walk one workload's good records cheapest first
@@ -63,6 +83,7 @@ class RecordRow(Base):
         Index("ix_records_groups", "error_no", "target_kind", "target_model", "workload_key",
               "mean_cost", "template"),
         UniqueConstraint("trial_id", name="uq_records_trial_id"),
+        Index("uq_records_line_hash", "line_hash", unique=True),
     )
 
 

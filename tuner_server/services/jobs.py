@@ -290,8 +290,8 @@ def task_trials(session: Session, job_id: int, task_id: int, after: int | None =
     task = session.get(TaskRow, task_id)
     if task is None or task.job_id != job_id:
         return None
-    measured = (select(RecordRow.id, RecordRow.trial_id, RecordRow.error_no,
-                       RecordRow.mean_cost)
+    measured = (select(RecordRow.id, TrialRow.id, RecordRow.error_no, RecordRow.mean_cost,
+                       RecordRow.line)
                 .join(TrialRow, TrialRow.id == RecordRow.trial_id)
                 .where(TrialRow.task_id == task_id))
     start = 0
@@ -305,11 +305,12 @@ def task_trials(session: Session, job_id: int, task_id: int, after: int | None =
         measured = measured.where(RecordRow.id > mark)
     flops = workload_flops(task.template, task.args)
     items = []
-    for number, (_rid, trial_id, error_no, cost) in enumerate(
+    for number, (_rid, trial_id, error_no, cost, line) in enumerate(
             session.execute(measured.order_by(RecordRow.id).limit(limit)), start=start + 1):
         ok = error_no == 0 and cost is not None and 0 < cost < FAILED_COST
         items.append(TrialPoint(trial=number, id=trial_id, error_no=error_no,
                                 cost=cost if ok else None,
-                                gflops=flops / cost / 1e9 if ok and flops else None))
+                                gflops=flops / cost / 1e9 if ok and flops else None,
+                                record=line if isinstance(line, dict) else None))
     return TrialPage(task_id=task.id, status=TaskStatus(task.status), trials_done=task.trials_done,
                      items=items)

@@ -11,6 +11,8 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Text, and_, case, cast, func, insert, or_, select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, aliased
 
 from compiler.templates import UnknownTemplateError, get_template
@@ -27,7 +29,7 @@ from schemas import Config, DeviceLimits, Record, RecordFormatError, Target, Wor
 from schemas.api import MAX_REPORTED_ERRORS, RecordSummary
 from schemas.measure import FAILED_COST, check_info, check_measurement
 from schemas.text import one_line
-from tuner_server.db.models import RecordRow
+from tuner_server.db.models import RecordRow, record_hash
 
 log = logging.getLogger("tuner.records")
 
@@ -42,6 +44,7 @@ class ImportReport:
     accepted: int = 0
     refused: int = 0
     # valid lines already stored (or given twice): identical input, config and result
+    # (``record_hash``)
     duplicates: int = 0
     # (line number, reason) of the first MAX_REPORTED_ERRORS refused lines
     errors: list[tuple[int, str]] = field(default_factory=list)
@@ -191,37 +194,28 @@ def import_lines(session: Session, lines: Iterable[str],
             report.refuse(number, why)
         else:
             good.append(record)
-    fresh = _new_only(session, good)
-    report.duplicates = len(good) - len(fresh)
-    report.accepted = add_records(session, fresh, source)
+    unique: dict[str, Record] = {}
+    for record in good:  # a line given twice counts once, where first given
+        unique.setdefault(record_hash(record.to_json()), record)
+    report.accepted = _insert_new(session, list(unique.values()), source)
+    report.duplicates = len(good) - report.accepted
     return report
 
 
-def _identity(row: Any) -> str:
-    """What makes two records the same measurement: input (target, workload), config and
-    result; not the version fields nor ``info`` (which worker, notes)."""
-    return json.dumps([row.get("input"), row.get("config"), row.get("result")], sort_keys=True)
-
-
-def _new_only(session: Session, records: Sequence[Record]) -> list[Record]:
-    """``records`` less those already stored and repeats within them, so that importing
-    a log twice adds nothing; compared with the stored rows of the same workloads."""
-    keys = list(dict.fromkeys(r.workload.key for r in records))
-    seen: set[str] = set()
-    for start in range(0, len(keys), BATCH):
-        for text in session.scalars(select(cast(RecordRow.line, Text))
-                                    .where(RecordRow.workload_key.in_(keys[start:start + BATCH]))):
-            try:
-                seen.add(_identity(json.loads(text)))
-            except (ValueError, AttributeError):  # a row that is not a JSON object
-                continue
-    fresh = []
-    for record in records:
-        identity = _identity(record.to_json())
-        if identity not in seen:
-            seen.add(identity)
-            fresh.append(record)
-    return fresh
+def _insert_new(session: Session, records: Sequence[Record], source: str) -> int:
+    """Store the records no stored row has the hash of, and return how many: the unique
+    ``line_hash`` index decides (ON CONFLICT DO NOTHING), so concurrent imports of one
+    log store one copy and an import reads no stored lines."""
+    dialect = session.get_bind().dialect.name
+    dialect_insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
+    rows = [record_row(r, source) for r in records]
+    inserted = 0
+    for start in range(0, len(rows), BATCH):
+        statement = (dialect_insert(RecordRow)
+                     .on_conflict_do_nothing(index_elements=[RecordRow.line_hash])
+                     .returning(RecordRow.id))
+        inserted += len(session.execute(statement, rows[start:start + BATCH]).all())
+    return inserted
 
 
 def _read(line: Any, row_id: int) -> Record | None:
@@ -259,6 +253,21 @@ def query(session: Session, target: Target | None = None, template: str | None =
         select(RecordRow.id, RecordRow.line).where(*clauses).order_by(RecordRow.id)
         .limit(limit).offset(offset))
     return total, [r for row_id, line in rows if (r := _read(line, row_id)) is not None]
+
+
+def stored_of(session: Session, workloads: Sequence[Workload]) -> list[tuple[Record, bool]]:
+    """Every stored record of ``workloads`` (any target) in storage order, each with
+    whether it is the fleet's measurement (not an import): what a build reading the
+    database directly ranks, as ``best`` does."""
+    keys = list(dict.fromkeys(w.key for w in workloads))
+    found: list[tuple[int, Record, bool]] = []
+    for start in range(0, len(keys), BATCH):
+        rows = session.execute(select(RecordRow.id, RecordRow.line, RecordRow.source)
+                               .where(RecordRow.workload_key.in_(keys[start:start + BATCH])))
+        found += [(row_id, r, source == "measured") for row_id, line, source in rows
+                  if (r := _read(line, row_id)) is not None]
+    found.sort(key=lambda f: f[0])
+    return [(record, measured) for _id, record, measured in found]
 
 
 @lru_cache(maxsize=1024)
