@@ -38,6 +38,7 @@ from compiler.runtime.executor import (
     Step,
     StepTime,
 )
+from compiler.runtime.host import random_value
 from compiler.tasks import Task, candidates, extract_tasks
 from compiler.templates import IOLayout, get_template
 from schemas import DeviceLimits, Target
@@ -73,6 +74,11 @@ class Module:
 
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> list[np.ndarray]:
         return self.executor.run(inputs)
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Seeded data of each input's shape and type: enough to run or time the model."""
+        rng = np.random.default_rng(seed)
+        return [random_value(node, rng) for node in self.graph.inputs]
 
     def benchmark(self, number: int = 10, repeat: int = 3,
                   min_repeat_ms: float = 0.0) -> BenchmarkResult:
