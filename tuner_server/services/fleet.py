@@ -1,5 +1,5 @@
 """The worker fleet at a glance: each worker's heartbeat, pace and error rate, from
-aggregate queries (what ``GET /api/v1/workers``, the dashboard and `tuner workers` show)."""
+aggregate queries (what the workers route, the dashboard and `tuner workers` show)."""
 
 from __future__ import annotations
 
