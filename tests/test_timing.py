@@ -72,36 +72,38 @@ def test_launches_behind_the_hold_are_timed(device: Device) -> None:
 
 
 class Counting(RecordingDevice):
-    """PoCL with a GPU's min_repeat_ms floor, counting each timing's launches."""
+    """PoCL with a GPU's min_repeat_ms floor, recording each timing's launches and cost."""
 
     def __init__(self, inner: Device, floor_ms: float) -> None:
         super().__init__(inner.limits, inner)
         self.floor_ms = floor_ms
-        self.timed: list[int] = []
+        self.timed: list[tuple[int, float]] = []
 
     @property
     def min_repeat_ms(self) -> float:
         return self.floor_ms
 
     def time(self, program: Any, kernel: Any, buffers: list[Any], number: int) -> float:
-        self.timed.append(number)
-        return super().time(program, kernel, buffers, number)
+        cost = super().time(program, kernel, buffers, number)
+        self.timed.append((number, cost))
+        return cost
 
 
 def test_gpu_floor_raises_number_and_batches_it(device: Device,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(measuring, "MAX_TIMED_LAUNCHES", 40)
+    """The floor turns number=1 into enough launches to last it (from one timed launch),
+    timed in batches of at most MAX_TIMED_LAUNCHES."""
+    monkeypatch.setattr(measuring, "MAX_TIMED_LAUNCHES", 4)
     counting = Counting(device, floor_ms=20.0)
     options = MeasureOptions(number=1, repeat=2, min_repeat_ms=0)
     result = measure(counting, MeasureRequest(DENSE, dense_workload(DENSE), tile_k(8), options))
     assert result.error_no == MeasureErrorNo.NO_ERROR, result.error_msg
-    once, batches = counting.timed[0], counting.timed[1:]
+    (once, once_cost), batches = counting.timed[0], [n for n, _ in counting.timed[1:]]
     assert once == 1
-    assert max(batches) <= 40  # never more than a batch behind one hold
-    per_repeat = sum(batches) // options.repeat
-    assert per_repeat > 1  # the floor raised number=1
-    # and each repeat's launches last about the floor (the kernel is microseconds long)
-    assert per_repeat * result.mean_cost >= 0.5 * 20e-3
+    expected = max(options.number, math.ceil(20e-3 / once_cost))
+    assert expected > 4  # a kernel of microseconds: the floor asks for many launches
+    assert sum(batches) == expected * options.repeat
+    assert max(batches) <= 4 and len(batches) >= 2 * options.repeat
 
 
 def test_no_floor_on_a_cpu_device(device: Device) -> None:
