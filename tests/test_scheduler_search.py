@@ -61,3 +61,24 @@ def test_lgbm_job_warm_starts_from_tophub_records(tmp_path: Path) -> None:
         plan_once(session, SqlQueue(), state)
         total = session.scalars(select(TrialRow)).all()
         assert len(total) == 20 and len({t.config_index for t in total}) == 20
+
+
+def test_the_servers_scheduler_fits_the_global_model_apart(tmp_path: Path) -> None:
+    """With sessions of its own (the server's scheduler), the first pass plans without
+    waiting for the global model; the fit reads the records in its own session, and the
+    task's tuner holds the model once it lands."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    upgrade(engine)
+    sessions = session_factory(engine)
+    with sessions.begin() as session:
+        records.import_lines(session, (TOPHUB_DIR / "cuda_v0.10.log").read_text().splitlines())
+        jobs.submit(session, JobRequest(target=TARGET, tasks=[WORKLOAD], n_trial=20,
+                                        tuner="lgbm", plan_size=16))
+    state = SearchState(sessions=sessions)
+    with sessions.begin() as session:
+        plan_once(session, SqlQueue(), state)
+        assert len(session.scalars(select(TrialRow)).all()) == 16  # planned meanwhile
+    assert state.global_models.wait(120)
+    (tuner,) = state.tuners.values()
+    assert isinstance(tuner, LGBMTuner)
+    assert tuner.prior is not None and tuner.prior.n_workloads > 100

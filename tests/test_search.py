@@ -3,6 +3,8 @@ model and its explorer find good configs; transfer warm-starts a task."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -181,6 +183,38 @@ def test_global_models_refit_only_when_records_grew() -> None:
     first = models.get(template, "opencl", lambda: 200, load)
     assert models.get(template, "opencl", lambda: 205, load) is first and len(loads) == 1
     assert models.get(template, "opencl", lambda: 260, load) is not first and len(loads) == 2
+
+
+def test_global_models_fit_apart_without_blocking() -> None:
+    """In the background a due fit runs on its own thread: get answers the last model
+    at once (None before the first), and a tuner's provider picks up the new one."""
+    template = get_template(CONV.template)
+    perf = synthetic(CONV)
+    space = template.space(CONV)
+    examples = [(CONV, space.get(i), perf(i), "x") for i in range(0, 200_000, 997)]
+    release = threading.Event()
+
+    def slow_load() -> list:  # type: ignore[type-arg]
+        assert release.wait(30)
+        return examples
+
+    models = GlobalModels(refit_growth=0.2, min_new=10)
+    latest = models.latest(template, "opencl")
+    started = time.perf_counter()
+    assert models.get(template, "opencl", lambda: 200, slow_load, background=True) is None
+    assert models.get(template, "opencl", lambda: 200, slow_load, background=True) is None
+    assert time.perf_counter() - started < 1.0  # neither call waited for the fit
+    assert latest() is None
+    release.set()
+    assert models.wait(60)
+    first = latest()
+    assert first is not None and first.n_workloads == 1
+    assert models.get(template, "opencl", lambda: 205, slow_load, background=True) is first
+    # a refit that fails keeps the last model
+    def broken() -> list:  # type: ignore[type-arg]
+        raise RuntimeError("database gone")
+    assert models.get(template, "opencl", lambda: 400, broken, background=True) is first
+    assert models.wait(60) and latest() is first
 
 
 def test_relevance_labels_per_group() -> None:

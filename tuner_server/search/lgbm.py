@@ -30,17 +30,24 @@ class LGBMTuner(Tuner):
     def __init__(self, template: Template, workload: Workload,
                  limits: DeviceLimits | None = None, seed: int = 0,
                  pool: Sequence[int] | np.ndarray | None = None,
-                 prior: GlobalModel | None = None, explorer: str = "auto",
+                 prior: GlobalModel | Callable[[], GlobalModel | None] | None = None,
+                 explorer: str = "auto",
                  epsilon: float = 0.1, min_fit: int = 8, decay: float = 32.0,
                  diversity: float = 2.0, fit: FitParams | None = None) -> None:
         super().__init__(template, workload, limits, seed, pool)
         if explorer not in EXPLORERS:
             raise ValueError(f"explorer {explorer!r} is not one of {', '.join(EXPLORERS)}")
-        self.prior, self.explorer = prior, explorer
+        self._prior, self.explorer = prior, explorer
         self.epsilon, self.min_fit, self.decay, self.diversity = epsilon, min_fit, decay, diversity
         self.fit_params = fit or FitParams()
         walk = PoolWalk(self.space, self.pool) if self.pool is not None else SpaceWalk(self.space)
         self.annealer = SimulatedAnnealing(walk)
+
+    @property
+    def prior(self) -> GlobalModel | None:
+        """The global model (transfer), or the newest one a provider has: the server
+        fits it apart, so it may land after this tuner was made."""
+        return self._prior() if callable(self._prior) else self._prior
 
     def prior_weight(self, n_ok: int, has_local: bool) -> float:
         """The global model's share of the score: all of it before the task's own model
@@ -59,21 +66,23 @@ class LGBMTuner(Tuner):
         if n_ok >= 2 and len(history) >= self.min_fit:
             local = CostModel(self.fit_params, self.seed).fit(
                 self.template.feature_matrix(self.workload, indices), perf)
-        if local is None and self.prior is None:
+        prior = self.prior  # one model for the whole batch, though a newer may land
+        if local is None and prior is None:
             return self.configs(self.random_indices(n, visited, rng))
-        score = self._scorer(local, self.prior_weight(n_ok, local is not None), indices, rng)
+        score = self._scorer(local, prior, self.prior_weight(n_ok, local is not None),
+                             indices, rng)
         n_random = int(round(self.epsilon * n)) if n > 2 else 0
         picks = self._explore(score, n - n_random, visited, indices, perf, rng)
         extra = self.random_indices(n - len(picks), visited, rng, exclude=set(picks))
         return self.configs(picks + extra.tolist())
 
-    def _scorer(self, local: CostModel | None, weight: float, measured: np.ndarray,
-                rng: np.random.Generator) -> Score:
+    def _scorer(self, local: CostModel | None, prior: GlobalModel | None, weight: float,
+                measured: np.ndarray, rng: np.random.Generator) -> Score:
         """indices -> blended score (-inf where invalid). Each model's score is
         standardised by its spread on a fixed sample, so that blends are comparable."""
         models: list[tuple[float, Predict]] = []
-        if self.prior is not None and weight > 0:
-            models.append((weight, self.prior.model.predict))
+        if prior is not None and weight > 0:
+            models.append((weight, prior.model.predict))
         if local is not None and weight < 1:
             models.append((1 - weight, local.predict))
         sample = np.concatenate([measured, self.random_indices(256, set(), rng)])

@@ -58,15 +58,22 @@ def fit_global(template: Template, examples: Iterable[Example],
 
 class GlobalModels:
     """The server's cache of global models: refitted when the records they were fitted
-    on grew by ``refit_growth`` (or on first use); shared by every task's tuner."""
+    on grew by ``refit_growth`` (or on first use); shared by every task's tuner.
+
+    With ``background``, a due fit runs on a thread of its own and ``get`` answers the
+    last fitted model meanwhile (None before the first): a fit takes about a second at
+    10,000 records, and a scheduler pass must not wait for it. A tuner holds the
+    :meth:`latest` provider, so it picks up a model that lands after it was made."""
 
     def __init__(self, refit_growth: float = 0.2, min_new: int = 64) -> None:
         self._models: dict[tuple[str, str], tuple[int, GlobalModel | None]] = {}
+        self._fitting: dict[tuple[str, str], threading.Thread] = {}
         self._lock = threading.Lock()
         self.refit_growth, self.min_new = refit_growth, min_new
 
     def get(self, template: Template, target_kind: str, count: Callable[[], int],
-            load: Callable[[], Iterable[Example]]) -> GlobalModel | None:
+            load: Callable[[], Iterable[Example]],
+            background: bool = False) -> GlobalModel | None:
         key = (template.name, target_kind)
         n = count()
         with self._lock:
@@ -76,11 +83,51 @@ class GlobalModels:
                 if n - fitted_at < max(self.min_new, self.refit_growth * fitted_at):
                     return model
             previous = cached[1] if cached is not None else None
-            try:
-                model = fit_global(template, load()) if n else None
-            except Exception:  # transfer only speeds a search up: never fail a job on it
-                log.exception("global model of %s on %s: fit failed; keeping the last one",
-                              template.name, target_kind)
-                model = previous
+            if not n:
+                self._models[key] = (0, previous)
+                return previous
+            if not background:
+                model = self._fitted(key, template, load, previous)
+                self._models[key] = (n, model)
+                return model
+            if key not in self._fitting:
+                thread = threading.Thread(target=self._fit_apart,
+                                          args=(key, template, n, load, previous),
+                                          name=f"global-model-{template.name}", daemon=True)
+                self._fitting[key] = thread
+                thread.start()
+            return previous
+
+    @staticmethod
+    def _fitted(key: tuple[str, str], template: Template, load: Callable[[], Iterable[Example]],
+                previous: GlobalModel | None) -> GlobalModel | None:
+        try:
+            return fit_global(template, load())
+        except Exception:  # transfer only speeds a search up: never fail a job on it
+            log.exception("global model of %s on %s: fit failed; keeping the last one", *key)
+            return previous
+
+    def _fit_apart(self, key: tuple[str, str], template: Template, n: int,
+                   load: Callable[[], Iterable[Example]], previous: GlobalModel | None) -> None:
+        model = self._fitted(key, template, load, previous)
+        with self._lock:
             self._models[key] = (n, model)
-            return model
+            self._fitting.pop(key, None)
+
+    def latest(self, template: Template, target_kind: str) -> Callable[[], GlobalModel | None]:
+        """A provider of the newest model of (template, kind): what a tuner holds."""
+        key = (template.name, target_kind)
+
+        def current() -> GlobalModel | None:
+            cached = self._models.get(key)
+            return cached[1] if cached is not None else None
+        return current
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the fits running now (a scheduler that stops, a test); whether all
+        ended within ``timeout``."""
+        with self._lock:
+            threads = list(self._fitting.values())
+        for thread in threads:
+            thread.join(timeout)
+        return not any(t.is_alive() for t in threads)

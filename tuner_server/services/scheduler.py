@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -58,6 +58,9 @@ class SearchState:
     task's tuner (its annealing chains)."""
 
     global_models: GlobalModels = field(default_factory=GlobalModels)
+    # where a global model's fit reads its records apart from the pass (the server's
+    # scheduler): the pass never waits for a fit. None: fit in the pass (tests, tools).
+    sessions: sessionmaker[Session] | None = None
     tuners: OrderedDict[tuple[int, str], Tuner] = field(default_factory=OrderedDict)
     max_tuners: int = 256
     warned: dict[str, float] = field(default_factory=dict)  # key -> when last logged
@@ -87,9 +90,14 @@ class SearchState:
             kwargs: dict[str, object] = {}
             if TUNERS[job.tuner].uses_prior:
                 kind = Target.parse(job.target).kind
-                kwargs["prior"] = self.global_models.get(
+                apart = self.sessions
+                load: Callable[[], Iterable[Example]] = (
+                    (lambda: _examples(session, template.name, kind)) if apart is None
+                    else (lambda: _examples_apart(apart, template.name, kind)))
+                self.global_models.get(
                     template, kind, lambda: _count_records(session, template.name, kind),
-                    lambda: _examples(session, template.name, kind))
+                    load, background=apart is not None)
+                kwargs["prior"] = self.global_models.latest(template, kind)
             tuner = make_tuner(job.tuner, template=template,
                                workload=Workload(template=task.template, args=task.args),
                                limits=limits, seed=job.id * 7919 + task.id, **kwargs)
@@ -122,6 +130,13 @@ def _examples(session: Session, template: str, kind: str) -> Iterator[Example]:
         except ValueError:
             continue
         yield record.workload, record.config, perf_of(record.result), model
+
+
+def _examples_apart(sessions: sessionmaker[Session], template: str,
+                    kind: str) -> list[Example]:
+    """``_examples`` in a session of its own, read whole (a fit on its own thread)."""
+    with sessions() as session:
+        return list(_examples(session, template, kind))
 
 
 def _history(session: Session, task_id: int) -> list[tuple[Config, MeasureResult]]:
@@ -402,7 +417,7 @@ class Scheduler:
                  interval: float = 0.2, on_pass: Callable[[PassStats], None] | None = None):
         self._sessions, self._queue, self._interval = sessions, queue, interval
         self._on_pass = on_pass
-        self.search = SearchState()
+        self.search = SearchState(sessions=sessions)
         self._next_resync = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tuner-scheduler", daemon=True)
@@ -413,6 +428,7 @@ class Scheduler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
+        self.search.global_models.wait(10)
 
     def run_pass(self) -> PassStats:
         with self._sessions.begin() as session:
