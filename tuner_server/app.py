@@ -33,7 +33,7 @@ from tuner_server.queue import QueueUnavailable, make_queue
 from tuner_server.services.dispatch import workers_alive
 from tuner_server.services.metrics import Metrics
 from tuner_server.services.scheduler import PassStats, Scheduler
-from tuner_server.services.tokens import ensure_token
+from tuner_server.services.tokens import TokenCache, ensure_token
 from tuner_server.settings import Settings
 
 # The dashboard's static files ship inside the package (pyproject's package-data).
@@ -92,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessions = sessions
+    app.state.tokens = TokenCache(sessions)
     app.state.queue = queue
     app.state.metrics = metrics
     app.state.scheduler = scheduler

@@ -11,7 +11,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from schemas.api import MAX_ID, ErrorBody
-from tuner_server.services.tokens import lookup
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -50,9 +49,7 @@ def _caller(request: Request, creds: HTTPAuthorizationCredentials | None) -> Cal
         return ADMIN
     if creds is None:
         raise HTTPException(401, "missing bearer token", {"WWW-Authenticate": "Bearer"})
-    # its own short session: holding the request's open would hold SQLite's lock
-    with request.app.state.sessions() as session:
-        info = lookup(session, creds.credentials)
+    info = request.app.state.tokens.lookup(creds.credentials)
     if info is None:
         raise HTTPException(401, "unknown token", {"WWW-Authenticate": "Bearer"})
     return Caller(info.role, info.worker_id)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import delete, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from tuner_server.db.models import TokenRow
 
@@ -94,3 +96,36 @@ def bind_worker_token(session: Session, worker_id: int, name: str) -> str:
 def revoke_worker_tokens(session: Session, worker_id: int) -> int:
     result = session.execute(delete(TokenRow).where(TokenRow.worker_id == worker_id))
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+class TokenCache:
+    """Each token's role, remembered for ``ttl`` seconds per server process, so most
+    requests authenticate without a database session. A token revoked elsewhere (`tuner
+    token revoke`, another server process) stops working within ``ttl``; this process's
+    own revocations (a worker registering again, deregistering) call :meth:`forget`."""
+
+    MAX_ENTRIES = 10_000  # past this the cache starts over (unknown tokens sprayed at it)
+
+    def __init__(self, sessions: sessionmaker[Session], ttl: float = 1.0) -> None:
+        self._sessions, self.ttl = sessions, ttl
+        self._seen: dict[str, tuple[float, TokenInfo | None]] = {}
+        self._lock = threading.Lock()
+
+    def lookup(self, token: str) -> TokenInfo | None:
+        digest, now = _digest(token), time.monotonic()
+        with self._lock:
+            seen = self._seen.get(digest)
+        if seen is not None and now - seen[0] < self.ttl:
+            return seen[1]
+        # its own short session: holding a request's open would hold SQLite's lock
+        with self._sessions() as session:
+            info = lookup(session, token)
+        with self._lock:
+            if len(self._seen) >= self.MAX_ENTRIES:
+                self._seen.clear()
+            self._seen[digest] = (now, info)
+        return info
+
+    def forget(self) -> None:
+        with self._lock:
+            self._seen.clear()

@@ -1,0 +1,77 @@
+"""Tokens are checked against the database at most once a second per server process
+(issue 18, point 3): repeated requests with one token take no database session for it;
+a token revoked by another process (`tuner token revoke`) stops working within a
+second; this process's own revocations (a worker registering again) at once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from server_fixtures import LiveServer, live_server
+
+from tuner_server.db.session import make_engine, session_factory
+from tuner_server.services import tokens
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LiveServer]:
+    with live_server("sqlite", tmp_path) as live:
+        yield live
+
+
+def test_repeated_requests_look_the_token_up_once(server: LiveServer,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    looked_up: list[str] = []
+    real = tokens.lookup
+
+    def counting(session: object, token: str) -> tokens.TokenInfo | None:
+        looked_up.append(token)
+        return real(session, token)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tokens, "lookup", counting)
+    with server.client("client") as client:
+        started = time.monotonic()
+        for _ in range(5):
+            assert client.get("/api/v1/jobs").status_code == 200
+        within_ttl = time.monotonic() - started < 1.0
+    if within_ttl:  # five requests inside one second: one database lookup
+        assert looked_up == [server.tokens["client"]]
+    assert 1 <= len(looked_up) < 5
+
+
+def test_a_token_revoked_elsewhere_stops_working_within_a_second(server: LiveServer) -> None:
+    engine = make_engine(server.database_url)
+    try:
+        with server.client("client") as client:
+            assert client.get("/api/v1/jobs").status_code == 200  # now remembered
+            with session_factory(engine).begin() as session:  # as `tuner token revoke`
+                info = tokens.lookup(session, server.tokens["client"])
+                assert info is not None
+                tokens.revoke(session, str(info.id))
+            revoked = time.monotonic()
+            while client.get("/api/v1/jobs").status_code == 200:
+                assert time.monotonic() - revoked < 1.5, "the revoked token still works"
+                time.sleep(0.05)
+            assert client.get("/api/v1/jobs").status_code == 401
+    finally:
+        engine.dispose()
+
+
+def test_this_processes_revocation_holds_at_once(server: LiveServer) -> None:
+    """A worker that deregisters loses its token on the next request, though the token
+    was remembered a moment before (the route forgets what the cache holds)."""
+    body = {"name": "w", "target": "opencl -model=fake",
+            "limits": {"max_threads_per_block": 256, "max_thread_x": 256, "max_thread_y": 256,
+                       "max_thread_z": 64, "max_shared_memory_per_block": 49152,
+                       "warp_size": 32, "compute_units": 1}}
+    with server.client("worker") as boot:
+        first = boot.post("/api/v1/workers", json=body).json()
+    old = {"Authorization": f"Bearer {first['token']}"}
+    with server.client(None) as anon:
+        beat = f"/api/v1/workers/{first['id']}/heartbeat"
+        assert anon.post(beat, json={"trial_ids": []}, headers=old).status_code == 200
+        assert anon.delete(f"/api/v1/workers/{first['id']}", headers=old).status_code == 200
+        assert anon.post(beat, json={"trial_ids": []}, headers=old).status_code == 401
