@@ -109,23 +109,26 @@ class TokenCache:
     def __init__(self, sessions: sessionmaker[Session], ttl: float = 1.0) -> None:
         self._sessions, self.ttl = sessions, ttl
         self._seen: dict[str, tuple[float, TokenInfo | None]] = {}
+        self._generation = 0  # bumped by forget: a lookup begun before is not kept
         self._lock = threading.Lock()
 
     def lookup(self, token: str) -> TokenInfo | None:
         digest, now = _digest(token), time.monotonic()
         with self._lock:
-            seen = self._seen.get(digest)
+            seen, generation = self._seen.get(digest), self._generation
         if seen is not None and now - seen[0] < self.ttl:
             return seen[1]
         # its own short session: holding a request's open would hold SQLite's lock
         with self._sessions() as session:
             info = lookup(session, token)
         with self._lock:
-            if len(self._seen) >= self.MAX_ENTRIES:
-                self._seen.clear()
-            self._seen[digest] = (now, info)
+            if generation == self._generation:  # no revocation since it began
+                if len(self._seen) >= self.MAX_ENTRIES:
+                    self._seen.clear()
+                self._seen[digest] = (now, info)
         return info
 
     def forget(self) -> None:
         with self._lock:
             self._seen.clear()
+            self._generation += 1
