@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
 from schemas import Record, Target, Workload
-from schemas.api import BestItem, ImportResponse, LineError, RecordSummary
+from schemas.api import BestItem, ImportResponse, RecordSummary
 from tuner.client import TunerError
 from tuner.embedded import default_database_url, sqlite_path
 
@@ -121,9 +121,7 @@ class Database:
         from tuner_server.services.records import best
 
         with self._session() as session:
-            return [BestItem(workload=a.workload, rule=a.rule,
-                             record=a.record.to_json() if a.record else None)
-                    for a in best(session, workloads, _target(target))]
+            return [a.item() for a in best(session, workloads, _target(target))]
 
     def import_log(self, path: str | Path) -> ImportResponse:
         """Store an AutoTVM log file as imported records (lines already stored count as
@@ -138,9 +136,7 @@ class Database:
         given = lines.split("\n") if isinstance(lines, str) else lines
         with self._session(write=True) as session:
             report = import_lines(session, given)
-        return ImportResponse(accepted=report.accepted, refused=report.refused,
-                              duplicates=report.duplicates,
-                              errors=[LineError(line=n, error=why) for n, why in report.errors])
+        return report.answer()
 
     def export(self, target: str | Target | None = None) -> str:
         """Every stored record (of a target's kind, or kind and model) as AutoTVM lines."""

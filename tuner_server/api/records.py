@@ -11,11 +11,9 @@ from sqlalchemy.orm import Session
 from schemas import Target, Workload
 from schemas.api import (
     MAX_ID,
-    BestItem,
     BestRequest,
     BestResponse,
     ImportResponse,
-    LineError,
     RecordPage,
     RecordSearchPage,
 )
@@ -93,10 +91,7 @@ def search_records(
 def best_records(body: BestRequest, session: Session = Depends(get_session),
                  _caller: Caller = Depends(require("client", "worker"))) -> BestResponse:
     answers = svc.best(session, body.workloads, _target(body.target))
-    return BestResponse(items=[
-        BestItem(workload=a.workload, rule=a.rule,
-                 record=a.record.to_json() if a.record else None) for a in answers
-    ])
+    return BestResponse(items=[a.item() for a in answers])
 
 
 @router.post(IMPORT_ROUTE, response_model=ImportResponse)
@@ -111,9 +106,7 @@ def import_records(
     # "\n" only: str.splitlines would also split inside a JSON string holding U+2028
     report = svc.import_lines(session, body.split("\n"))
     session.commit()
-    return ImportResponse(accepted=report.accepted, refused=report.refused,
-                          duplicates=report.duplicates,
-                          errors=[LineError(line=n, error=msg) for n, msg in report.errors])
+    return report.answer()
 
 
 @router.get("/logs/{target:path}")

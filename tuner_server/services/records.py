@@ -26,7 +26,13 @@ from compiler.templates.history import (
 )
 from compiler.templates.space import ConfigSpace, SplitKnob
 from schemas import Config, DeviceLimits, Record, RecordFormatError, Target, Workload
-from schemas.api import MAX_REPORTED_ERRORS, RecordSummary
+from schemas.api import (
+    MAX_REPORTED_ERRORS,
+    BestItem,
+    ImportResponse,
+    LineError,
+    RecordSummary,
+)
 from schemas.measure import FAILED_COST, check_info, check_measurement
 from schemas.text import one_line
 from tuner_server.db.models import RecordRow, record_hash
@@ -54,6 +60,12 @@ class ImportReport:
         if len(self.errors) < MAX_REPORTED_ERRORS:
             self.errors.append((number, one_line(why, MAX_REASON_CHARS)))
 
+    def answer(self) -> ImportResponse:
+        """The import's answer on the wire (the route's and ``tuner.Database``'s)."""
+        return ImportResponse(accepted=self.accepted, refused=self.refused,
+                              duplicates=self.duplicates,
+                              errors=[LineError(line=n, error=why) for n, why in self.errors])
+
 
 @dataclass(frozen=True)
 class BestAnswer:
@@ -62,6 +74,11 @@ class BestAnswer:
     workload: Workload
     record: Record | None
     rule: str  # "model", "target_key:<key>" or "none"
+
+    def item(self) -> BestItem:
+        """This answer on the wire (the route's and ``tuner.Database``'s)."""
+        return BestItem(workload=self.workload, rule=self.rule,
+                        record=self.record.to_json() if self.record else None)
 
 
 def record_row(record: Record, source: str = "measured") -> dict[str, Any]:
