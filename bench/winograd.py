@@ -1,4 +1,4 @@
-"""Tuned direct vs tuned Winograd on ResNet-50's 3x3 stride-1 layers, one run.
+"""Direct vs Winograd on ResNet-50's 3x3 stride-1 layers, one run.
 
 For each layer, ``tuner tune`` tunes ``conv2d_nchw.cuda`` (direct) and
 ``conv2d_nchw_winograd.cuda`` (filter transform at compile time) with the same budget
@@ -8,6 +8,24 @@ alternating, in this process. GFLOP/s count the direct convolution's FLOPs for b
 its default config runs alongside as the build's usual choice on a CPU-class device.
 
     .venv/bin/python bench/winograd.py [--trials 32] [--layers 64x56,128x28,256x14,512x7]
+
+``--cpu``: the CPU Winograd ``conv2d_NCHWc_winograd.x86`` against onnxruntime's Conv
+(MLAS: direct / im2col, no Winograd) and ``conv2d_NCHWc.x86``'s default. Per layer a
+small search (``cpu_search_configs``: tile size x oc_bn x register block, 8 lanes, every
+config checked against numpy by the measurer) measures each config once, briefly; then
+onnxruntime (same arrays, output checked against numpy), the direct default, Winograd's
+default and the search's three fastest are re-measured side by side in ``--rounds``
+alternating rounds. Reported: medians as GFLOP/s of the direct convolution's FLOPs and
+ratios to onnxruntime; "best" is the finalist with the lowest median.
+
+    .venv/bin/python bench/winograd.py --cpu [--rounds 5] [--layers ...] [--ort-threads 2]
+
+``--cpu-model resnet50``: the same end to end, on the onnx package's light model with
+random weights (up to its logits): onnxruntime, the default build (direct template) and
+a build whose 3x3 stride-1 layers take Winograd's default config (offered as records
+measured here), both outputs checked against onnxruntime's, timed in alternating rounds.
+
+    .venv/bin/python bench/winograd.py --cpu-model resnet50 [--rounds 5]
 """
 
 from __future__ import annotations
@@ -19,21 +37,24 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from common import cpu_model, git_revision
+import numpy as np
+from common import cpu_model, git_revision, host_seconds, onnxruntime_conv
 from tuning_real import tune
 
-from compiler.runtime import open_device
-from compiler.runtime.measure import MeasureRequest, measure
-from compiler.tasks import CONV_CPU, CONV_GPU, WINOGRAD
-from compiler.templates import get_template
-from schemas import Config, MeasureOptions, Workload
+from compiler.runtime import Device, open_device
+from compiler.runtime.measure import MeasureRequest, max_abs_error_ok, measure, task_operands
+from compiler.tasks import CONV_CPU, CONV_GPU, WINOGRAD, WINOGRAD_CPU
+from compiler.templates import Epilogue, get_template
+from compiler.templates.ops import Conv2dOp
+from schemas import Config, DeviceLimits, MeasureOptions, Workload
 
 
 def workload(template: str, spec: str) -> Workload:
     """``CxH``: ResNet-50's 3x3 stride-1 conv on C channels of HxH, for ``template``."""
     c, h = (int(v) for v in spec.lower().split("x"))
-    layouts = ["NCHW", "NCHW"] if template == CONV_CPU else []
+    layouts = ["NCHW", "NCHW"] if template in (CONV_CPU, WINOGRAD_CPU) else []
     return Workload(template=template, args=[
         ["TENSOR", [1, c, h, h], "float32"], ["TENSOR", [c, c, 3, 3], "float32"],
         [1, 1], [1, 1, 1, 1], [1, 1], *layouts, "float32"])
@@ -44,13 +65,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=32)
     p.add_argument("--layers", default="64x56,128x28,256x14,512x7")
     p.add_argument("--rounds", type=int, default=5, help="side-by-side re-measurements (5)")
+    p.add_argument("--cpu", action="store_true",
+                   help="CPU Winograd vs onnxruntime and the direct CPU template")
+    p.add_argument("--cpu-model", default="",
+                   help="a light model: default build vs Winograd on its 3x3 layers")
+    p.add_argument("--ort-threads", type=int, default=os.cpu_count() or 1,
+                   help="onnxruntime intra-op threads (default: CPU count)")
     args = p.parse_args(argv)
     device = open_device()
     target = str(device.target)
     print(f"# bench/winograd.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
     print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
     print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device.info.name} | "
-          f"{git_revision()}")
+          f"{git_revision()} | load average {os.getloadavg()[0]:.1f}")
+    if args.cpu_model:
+        return cpu_model_main(device, args.cpu_model, args.rounds)
+    if args.cpu:
+        return cpu_main(device, args.layers.split(","), args.rounds, args.ort_threads)
     options = MeasureOptions(number=1, repeat=3, min_repeat_ms=50)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,6 +114,164 @@ def main(argv: list[str] | None = None) -> int:
     for spec, speed in rows:
         print(f"| {spec} | {speed[CONV_GPU]:.1f} | {speed[WINOGRAD]:.1f} | "
               f"{speed[WINOGRAD] / speed[CONV_GPU]:.2f}x | {speed[CONV_CPU]:.1f} |")
+    return 0
+
+
+def cpu_search_configs(wl: Workload, limits: DeviceLimits) -> list[Config]:
+    """The configs the CPU search measures: F(2x2) and F(4x4); oc_bn 8, 16 or 32; 2-8
+    tiles per register block; 8 lanes (an AVX2 register); those that fit the device."""
+    template = get_template(WINOGRAD_CPU)
+    op = template.parse(wl)
+    space = template.space(wl)
+    found = []
+    for m in (2, 4):
+        for oc_bn in (8, 16, 32):
+            for tile_p in (2, 4, 6, 8):
+                if op.co % oc_bn:
+                    continue
+                config = space.to_config({"tile_size": m, "tile_oc": (op.co // oc_bn, oc_bn),
+                                          "tile_p": tile_p, "vec": 8, "wg": 1})
+                if not template.check_limits(wl, config, limits):
+                    found.append(config)
+    return found
+
+
+FINALISTS = 3  # the search's fastest configs, re-measured side by side
+
+
+def cpu_main(device: Device, specs: list[str], rounds: int, ort_threads: int) -> int:
+    """The ``--cpu`` comparison: search, then alternating rounds, then the table."""
+    winograd = get_template(WINOGRAD_CPU)
+    direct = get_template(CONV_CPU)
+    quick = MeasureOptions(number=1, repeat=3, min_repeat_ms=20)
+    options = MeasureOptions(number=1, repeat=3, min_repeat_ms=50)
+    rows: list[tuple[str, float, dict[str, float], dict[str, Any]]] = []
+    for spec in specs:
+        wl = workload(WINOGRAD_CPU, spec)
+        op: Conv2dOp = winograd.parse(wl)
+        gflop = op.flops / 1e9
+        searched = []
+        for config in cpu_search_configs(wl, device.limits):
+            res = measure(device, MeasureRequest(WINOGRAD_CPU, wl, config, quick))
+            if not res.ok:
+                raise SystemExit(f"{spec} {winograd.decode(wl, config)} failed: {res.error_msg}")
+            searched.append((res.mean_cost, config))
+        searched.sort(key=lambda item: item[0])
+        finalists = [config for _, config in searched[:FINALISTS]]
+        print(f"## {spec}: {len(searched)} Winograd configs searched; re-measured: " +
+              ", ".join(f"{winograd.decode(wl, c)} ({gflop / t:.1f} GFLOP/s)"
+                        for t, c in searched[:FINALISTS]), flush=True)
+        arrays, reference = task_operands(CONV_CPU, workload(CONV_CPU, spec), Epilogue(), 0)
+        conv = onnxruntime_conv(op, arrays[1], ort_threads)
+        ok, why = max_abs_error_ok(np.asarray(conv(arrays[0])), reference(), options)
+        if not ok:
+            raise SystemExit(f"onnxruntime on {spec} disagrees with numpy: {why}")
+        kernels = {
+            "direct": (CONV_CPU, workload(CONV_CPU, spec),
+                       direct.default_config(workload(CONV_CPU, spec))),
+            "winograd default": (WINOGRAD_CPU, wl, winograd.default_config(wl)),
+            **{f"winograd #{i + 1}": (WINOGRAD_CPU, wl, c) for i, c in enumerate(finalists)},
+        }
+        costs: dict[str, list[float]] = {"onnxruntime": [], **{k: [] for k in kernels}}
+        for _ in range(rounds):
+            costs["onnxruntime"].append(host_seconds(lambda: conv(arrays[0]), options.number,
+                                                     options.repeat, options.min_repeat_ms))
+            for name, (template, wl_k, config) in kernels.items():
+                res = measure(device, MeasureRequest(template, wl_k, config, options))
+                if not res.ok:
+                    raise SystemExit(f"{name} on {spec} failed now: {res.error_msg}")
+                costs[name].append(res.mean_cost)
+        median = {k: statistics.median(v) for k, v in costs.items()}
+        # the search's best: the finalist of the lowest median in the rounds
+        pick = min(range(len(finalists)), key=lambda i: median[f"winograd #{i + 1}"])
+        median["winograd best"] = median[f"winograd #{pick + 1}"]
+        rows.append((spec, gflop, median, winograd.decode(wl, finalists[pick])))
+        ort = median["onnxruntime"]
+        print("   " + "  ".join(f"{k} {gflop / v:.1f} GFLOP/s ({ort / v:.2f}x)"
+                                for k, v in median.items()), flush=True)
+    print(f"\nmedians of {rounds} alternating rounds; GFLOP/s of the direct convolution's "
+          "FLOPs; (x) = onnxruntime's time / this one's\n")
+    print("| layer (C x H, 3x3 s1) | onnxruntime Conv | conv2d_NCHWc.x86 default | "
+          "Winograd default | Winograd best of search | best config |")
+    print("|---|---|---|---|---|---|")
+    for spec, gflop, median, knobs in rows:
+        ort = median["onnxruntime"]
+        cells = [f"{gflop / median[k]:.1f} ({ort / median[k]:.2f}x)"
+                 for k in ("direct", "winograd default", "winograd best")]
+        best = (f"F({knobs['tile_size']}x{knobs['tile_size']}) oc_bn {knobs['tile_oc'][1]} "
+                f"tile_p {knobs['tile_p']} vec {knobs['vec']}")
+        print(f"| {spec} | {gflop / ort:.1f} | {' | '.join(cells)} | {best} |")
+    return 0
+
+
+def without_final_softmax(model: Any) -> Any:
+    """``model`` ending at its logits: with random weights a final softmax is one-hot,
+    which would hide any difference between the builds' outputs."""
+    import onnx
+    from onnx import helper
+
+    g = model.graph
+    softmax = [n for n in g.node if n.op_type == "Softmax"]
+    if not softmax or softmax[-1].output[0] != g.output[0].name:
+        return model
+    last = softmax[-1]
+    out = helper.make_tensor_value_info(last.input[0], onnx.TensorProto.FLOAT, None)
+    graph = helper.make_graph([n for n in g.node if n is not last], g.name, g.input, [out],
+                              list(g.initializer))
+    new = helper.make_model(graph, opset_imports=model.opset_import)
+    new.ir_version = model.ir_version
+    return new
+
+
+def cpu_model_main(device: Device, name: str, rounds: int) -> int:
+    """``--cpu-model``: onnxruntime, the default build and the Winograd build, one run."""
+    import onnx
+    from models import onnxruntime_timer
+
+    from compiler.build_module import build, load_graph
+    from compiler.frontend.samples import light_path, runner_input, with_random_weights
+    from compiler.passes import optimize
+    from compiler.records import MemorySource
+    from compiler.tasks import extract_tasks
+    from schemas import MeasureErrorNo, MeasureResult, Record
+
+    model = without_final_softmax(with_random_weights(onnx.load(light_path(name)), seed=0))
+    x = np.random.default_rng(1).uniform(0, 1, size=runner_input(model).shape)
+    x = x.astype(np.float32)
+    ort_run, ort_seconds = onnxruntime_timer(model, x)
+    want = ort_run()
+    graph = optimize(load_graph(model))
+    winograd = get_template(WINOGRAD_CPU)
+    # Winograd's default config as this device's fastest record: the build takes it
+    records = [Record(target=device.target, workload=t.workload,
+                      config=winograd.default_config(t.workload),
+                      result=MeasureResult(costs=(1e-9,), error_no=MeasureErrorNo.NO_ERROR))
+               for t in extract_tasks(graph, device.target) if t.template == WINOGRAD_CPU]
+    modules = {"default build": build(graph, device=device, optimized=True),
+               "Winograd build": build(graph, device=device, optimized=True,
+                                       records=MemorySource(records))}
+    layers = sum(len(t.layers) for t in modules["Winograd build"].tasks
+                 if t.template == WINOGRAD_CPU)
+    print(f"## {name}: {len(records)} 3x3 stride-1 workloads ({layers} layers) on Winograd")
+    for label, module in modules.items():
+        (got,) = module.run([x])
+        scale = float(np.abs(want).max())
+        err = float(np.abs(got - want).max()) / scale
+        if not np.allclose(got, want, rtol=1e-3, atol=1e-5 * scale):
+            raise SystemExit(f"{label} disagrees with onnxruntime: max error {err:.2e} of max")
+        print(f"   {label}: output matches onnxruntime (max error {err:.2e} of max |output|)")
+    costs: dict[str, list[float]] = {"onnxruntime": [], **{k: [] for k in modules}}
+    for _ in range(rounds):
+        costs["onnxruntime"].append(ort_seconds(3))
+        for label, module in modules.items():
+            costs[label] += module.benchmark(number=3, repeat=1).costs
+    median = {k: statistics.median(v) for k, v in costs.items()}
+    print(f"\nms per run, medians of {rounds} alternating rounds (3 runs each)\n")
+    print("| model | onnxruntime | default build | Winograd build | Winograd / default |")
+    print("|---|---|---|---|---|")
+    print(f"| {name} | {median['onnxruntime'] * 1e3:.1f} | {median['default build'] * 1e3:.1f} "
+          f"| {median['Winograd build'] * 1e3:.1f} | "
+          f"{median['default build'] / median['Winograd build']:.2f}x faster |")
     return 0
 
 

@@ -3,9 +3,11 @@ graph, with the AutoTVM workload its records are keyed by.
 
 A layer has one candidate per template that computes it, in the order the device class
 prefers (TVM's op strategy): ``conv2d_NCHWc.x86`` then ``conv2d_nchw.cuda`` on a CPU,
-the reverse on a GPU. Tuning takes the preferred one; a build takes, per layer, the
-candidate with the fastest record measured on this device (TVM's select_implementation),
-else the first with any usable record, else the preferred one's default config.
+the reverse on a GPU; 3x3 stride-1 layers add both Winograd templates after them
+(``conv2d_nchw_winograd.cuda``, then ``conv2d_NCHWc_winograd.x86``). Tuning takes the
+preferred one and the device class's Winograd; a build takes, per layer, the candidate
+with the fastest record measured on this device (TVM's select_implementation), else the
+first with any usable record, else the preferred one's default config.
 Layers with equal workloads (ResNet repeats its blocks) are one task: tuned once, used
 everywhere.
 """
@@ -22,6 +24,7 @@ from schemas.workload import tensor_arg
 CONV_GPU, CONV_CPU = "conv2d_nchw.cuda", "conv2d_NCHWc.x86"
 WINOGRAD, DEPTHWISE, CONV_INT8 = ("conv2d_nchw_winograd.cuda", "depthwise_conv2d_nchw.cuda",
                                   "conv2d_nchw_int8.cuda")
+WINOGRAD_CPU = "conv2d_NCHWc_winograd.x86"
 DENSE_SMALL, DENSE_LARGE, DENSE_CPU = ("dense_small_batch.gpu", "dense_large_batch.gpu",
                                        "dense_pack.x86")
 # AutoTVM's CUDA strategy switches dense to the tiled schedule from this batch size on.
@@ -83,6 +86,7 @@ def _conv_candidates(node: Node, cpu: bool) -> list[Workload]:
     found = [host, gpu] if cpu else [gpu, host]
     if _winograd_fits(node):
         found.append(Workload(template=WINOGRAD, args=gpu.args))
+        found.append(Workload(template=WINOGRAD_CPU, args=host.args))
     return found
 
 
@@ -107,10 +111,13 @@ def candidates(node: Node, target: Target | None = None) -> list[Workload]:
 
 
 def tuning_candidates(node: Node, target: Target | None = None) -> list[Workload]:
-    """What tuning covers for ``node``: the preferred workload, and Winograd too where it
-    applies, so a build can take whichever of direct and Winograd measured faster."""
+    """What tuning covers for ``node``: the preferred workload, and the device class's
+    Winograd too where it applies (``conv2d_NCHWc_winograd.x86`` on a CPU, the GPU one
+    elsewhere), so a build can take whichever of direct and Winograd measured faster."""
     found = candidates(node, target)
-    return found[:1] + [w for w in found[1:] if w.template == WINOGRAD]
+    cpu = target is not None and target.device_class == "cpu"
+    winograd = WINOGRAD_CPU if cpu else WINOGRAD
+    return found[:1] + [w for w in found[1:] if w.template == winograd]
 
 
 def node_workload(node: Node, target: Target | None = None) -> Workload | None:

@@ -14,8 +14,10 @@ from compiler.tasks import (
     CONV_CPU,
     CONV_GPU,
     DENSE_CPU,
+    DENSE_SMALL,
     DEPTHWISE,
     WINOGRAD,
+    WINOGRAD_CPU,
     candidates,
     extract_tasks,
 )
@@ -52,13 +54,18 @@ def test_device_class_orders_the_candidates() -> None:
     graph = small_graph()
     node = conv_node(graph)
     # a 3x3 stride-1 conv: Winograd after the direct templates
-    assert [w.template for w in candidates(node, CPU)] == [CONV_CPU, CONV_GPU, WINOGRAD]
-    assert [w.template for w in candidates(node, GPU)] == [CONV_GPU, CONV_CPU, WINOGRAD]
+    assert [w.template for w in candidates(node, CPU)] == [CONV_CPU, CONV_GPU, WINOGRAD,
+                                                           WINOGRAD_CPU]
+    assert [w.template for w in candidates(node, GPU)] == [CONV_GPU, CONV_CPU, WINOGRAD,
+                                                           WINOGRAD_CPU]
     assert [w.template for w in candidates(node, Target.parse(
-        "opencl -model=pocl-cpu -device=gpu"))] == [CONV_GPU, CONV_CPU, WINOGRAD]
-    # tuning covers the preferred template and Winograd, so a build can take the faster
-    assert [t.template for t in extract_tasks(graph, CPU)] == [CONV_CPU, WINOGRAD, DENSE_CPU]
-    assert len(extract_tasks(graph, CPU, every_candidate=True)) == 5
+        "opencl -model=pocl-cpu -device=gpu"))] == [CONV_GPU, CONV_CPU, WINOGRAD, WINOGRAD_CPU]
+    # tuning covers the preferred template and the device class's Winograd, so a build
+    # can take the faster
+    assert [t.template for t in extract_tasks(graph, CPU)] == [CONV_CPU, WINOGRAD_CPU,
+                                                               DENSE_CPU]
+    assert [t.template for t in extract_tasks(graph, GPU)] == [CONV_GPU, WINOGRAD, DENSE_SMALL]
+    assert len(extract_tasks(graph, CPU, every_candidate=True)) == 6
 
 
 def test_no_records_runs_the_preferred_templates_defaults() -> None:
@@ -70,7 +77,7 @@ def test_no_records_runs_the_preferred_templates_defaults() -> None:
 
 def test_fastest_record_measured_here_wins_across_templates() -> None:
     graph = small_graph()
-    cpu_wl, gpu_wl, _ = candidates(conv_node(graph), CPU)
+    cpu_wl, gpu_wl, *_ = candidates(conv_node(graph), CPU)
     records = [record(cpu_wl, CPU, 2e-3), record(gpu_wl, CPU, 1e-3)]
     _plan, tasks, choices = select_layers(graph, CPU, MemorySource(records), DeviceLimits())
     assert tasks[0].template == CONV_GPU and choices[0].source == THIS_DEVICE
@@ -81,7 +88,7 @@ def test_fastest_record_measured_here_wins_across_templates() -> None:
 
 def test_other_devices_record_beats_a_default() -> None:
     graph = small_graph()
-    _cpu_wl, gpu_wl, _ = candidates(conv_node(graph), CPU)
+    _cpu_wl, gpu_wl, *_ = candidates(conv_node(graph), CPU)
     source = MemorySource([record(gpu_wl, Target.parse("opencl -model=1080ti"), 1e-4)])
     _plan, tasks, choices = select_layers(graph, CPU, source, DeviceLimits())
     assert tasks[0].template == CONV_GPU and choices[0].source == OTHER_DEVICE
@@ -90,7 +97,7 @@ def test_other_devices_record_beats_a_default() -> None:
 
 def test_winograd_or_direct_whichever_measured_faster() -> None:
     graph = small_graph()
-    cpu_wl, gpu_wl, wino_wl = candidates(conv_node(graph), CPU)
+    cpu_wl, gpu_wl, wino_wl, _ = candidates(conv_node(graph), CPU)
     assert wino_wl.args == gpu_wl.args  # the same AutoTVM workload, another template
     records = [record(cpu_wl, CPU, 2e-3), record(gpu_wl, CPU, 3e-3), record(wino_wl, CPU, 1e-3)]
     plan, tasks, _ = select_layers(graph, CPU, MemorySource(records), DeviceLimits())

@@ -27,6 +27,7 @@ from conftest import (
 )
 
 PACK = "dense_pack.x86"
+WINOGRAD_CPU = "conv2d_NCHWc_winograd.x86"
 
 # ResNet-50 / VGG-16 layers; per template at least two whose args differ in shape (a 1x1
 # and a 3x3 conv, a dense with and without bias, a 3-arg dense log entry).
@@ -56,6 +57,10 @@ WORKLOADS: dict[str, list[Workload]] = {
     PACK: [
         dense_workload(PACK, 1, 2048, 1000),
         dense_workload(PACK, 32, 25088, 4096, bias=True),
+    ],
+    WINOGRAD_CPU: [
+        Workload(template=WINOGRAD_CPU, args=nchwc_workload(1, 64, 56, 64, 3, 1, 1).args),
+        Workload(template=WINOGRAD_CPU, args=nchwc_workload(1, 512, 7, 512, 3, 1, 1).args),
     ],
 }
 TEMPLATES = list(WORKLOADS)

@@ -1,0 +1,336 @@
+"""``conv2d_NCHWc_winograd.x86``: Winograd F(2x2, 3x3) and F(4x4, 3x3) for CPU-class
+OpenCL devices (issue 17, point 2).
+
+No device: what the template accepts, its space, the packed filter, the config rules
+(error 1 through the measurer too), features. On the OpenCL device: outputs equal numpy
+(the measurer's tolerance) for both tile sizes on padded, unpadded, odd-sized, batched
+layers whose channels are not multiples of the blocks, with fused epilogues, with the
+data, output and residual each plain or blocked; ResNet-50's four 3x3 stride-1 layers
+at F(4x4) (accuracy at C = 512). The compiler extracts the task and builds a model with
+Winograd layers chained to direct ones in blocked layouts, equal to the graph
+interpreter. The CUDA C side compiles with ``nvcc -ptx -arch=sm_80``.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import needs_nvcc, nvcc_ptx
+
+from compiler.build_module import build, select_layers
+from compiler.ir import GraphBuilder, evaluate
+from compiler.passes import optimize
+from compiler.records import THIS_DEVICE, MemorySource
+from compiler.runtime.device import Device
+from compiler.runtime.measure import MeasureRequest, max_abs_error_ok, measure
+from compiler.tasks import CONV_CPU, WINOGRAD_CPU, candidates, extract_tasks
+from compiler.templates import ConfigError, Epilogue, IOLayout, WorkloadError, get_template
+from compiler.templates.base import blocked_shape, from_blocked, to_blocked
+from compiler.templates.conv2d_winograd import pack_filter
+from compiler.templates.conv2d_nchwc_winograd import winograd_op
+from schemas import (
+    Config,
+    DeviceLimits,
+    MeasureErrorNo,
+    MeasureOptions,
+    MeasureResult,
+    Record,
+    Target,
+    Workload,
+)
+
+TEMPLATE = get_template(WINOGRAD_CPU)
+CPU = Target.parse("opencl -model=pocl-cpu")
+CPU_LIMITS = DeviceLimits(max_threads_per_block=4096, max_thread_x=4096, max_thread_y=4096,
+                          max_thread_z=4096, max_local_elements=256)
+CHECK = MeasureOptions(number=1, repeat=1, min_repeat_ms=0)  # rtol 1e-4, atol 1e-4 x max
+FULL = Epilogue(("bias", "add", "relu"))
+
+
+def workload(n: int, c: int, h: int, w: int, k: int, pad: int = 1,
+             kernel: int = 3, stride: int = 1, dilation: int = 1) -> Workload:
+    return Workload(template=WINOGRAD_CPU, args=[
+        ["TENSOR", [n, c, h, w], "float32"], ["TENSOR", [k, c, kernel, kernel], "float32"],
+        [stride, stride], [pad, pad, pad, pad], [dilation, dilation], "NCHW", "NCHW",
+        "float32"])
+
+
+def config(wl: Workload, **values: object) -> Config:
+    """The default config with ``values`` changed (``oc_bn`` sets tile_oc's inner factor)."""
+    knobs = TEMPLATE.decode(wl, TEMPLATE.default_config(wl))
+    oc_bn = values.pop("oc_bn", None)
+    if oc_bn is not None:
+        knobs["tile_oc"] = (TEMPLATE.parse(wl).co // oc_bn, oc_bn)
+    knobs.update(values)
+    return TEMPLATE.space(wl).to_config(knobs)
+
+
+# ---- no device ----
+
+@pytest.mark.parametrize("wl, words", [
+    (workload(1, 8, 8, 8, 8, pad=0, kernel=1), "only 3x3 kernels"),
+    (workload(1, 8, 8, 8, 8, stride=2), "only stride 1"),
+    (workload(1, 8, 8, 8, 8, dilation=2), "only dilation 1"),
+])
+def test_workloads_it_cannot_compute_are_refused(wl: Workload, words: str) -> None:
+    with pytest.raises(WorkloadError, match=words):
+        TEMPLATE.parse(wl)
+
+
+def test_space_knobs_and_default() -> None:
+    wl = workload(1, 64, 56, 56, 64)
+    space = TEMPLATE.space(wl)
+    assert [k.name for k in space.knobs] == ["tile_size", "tile_oc", "tile_p", "vec", "wg"]
+    knobs = TEMPLATE.decode(wl, TEMPLATE.default_config(wl))
+    assert knobs == {"tile_size": 4, "tile_oc": (4, 16), "tile_p": 4, "vec": 8, "wg": 1}
+    assert TEMPLATE.check_limits(wl, TEMPLATE.default_config(wl), CPU_LIMITS) == []
+    assert TEMPLATE.out_block(wl, TEMPLATE.default_config(wl)) == 16
+    # a layer of fewer tiles than 4 gets a register block of all of them
+    small = workload(1, 8, 3, 3, 12)
+    assert TEMPLATE.decode(small, TEMPLATE.default_config(small))["tile_p"] == 1
+    assert TEMPLATE.decode(small, TEMPLATE.default_config(small))["tile_oc"] == (1, 12)
+    assert TEMPLATE.decode(small, TEMPLATE.default_config(small))["vec"] == 4
+
+
+def test_pack_weight_is_the_filter_transform_blocked_by_oc_bn() -> None:
+    wl = workload(1, 6, 9, 9, 8)
+    weight = np.random.default_rng(0).uniform(-1, 1, (8, 6, 3, 3)).astype(np.float32)
+    for m, oc_bn in ((2, 4), (4, 8)):
+        cfg = config(wl, tile_size=m, oc_bn=oc_bn, vec=4)
+        packed = TEMPLATE.pack_weight(wl, cfg, weight)
+        alpha = m + 2
+        assert packed.shape == (8 // oc_bn, alpha * alpha, 6, oc_bn)
+        u = pack_filter(winograd_op(TEMPLATE.parse(wl), m), weight)  # [a, a, C, K]
+        for kb in range(8 // oc_bn):
+            for b in range(alpha * alpha):
+                np.testing.assert_array_equal(
+                    packed[kb, b], u[b // alpha, b % alpha, :, kb * oc_bn:(kb + 1) * oc_bn])
+        assert TEMPLATE.codegen(wl, cfg).buffers[1].shape == packed.shape
+
+
+def test_config_rules_name_the_problem() -> None:
+    wl = workload(1, 64, 7, 7, 64)
+    assert TEMPLATE.check_limits(wl, config(wl, vec=16, oc_bn=8), CPU_LIMITS) == [
+        "vec 16 does not divide the output-channel block 8"]
+    # 7x7 in 4x4 tiles: 4 tiles, a register block of 5 would repeat one
+    assert TEMPLATE.check_limits(wl, config(wl, tile_p=5), CPU_LIMITS) == [
+        "tile_p 5 is more than the layer's 4 tiles of 4x4"]
+    assert TEMPLATE.check_limits(wl, config(wl, tile_p=8, tile_size=2), CPU_LIMITS) == []
+    assert TEMPLATE.check_limits(wl, config(wl, tile_p=8, tile_size=2, oc_bn=64),
+                                 CPU_LIMITS) == [
+        "512 accumulators per work-item (8 tiles x 64 channels) > 256"]
+    with pytest.raises(ConfigError, match="does not divide"):
+        TEMPLATE.codegen(wl, config(wl, vec=16, oc_bn=8))
+    indices = np.arange(len(TEMPLATE.space(wl)))
+    mask = TEMPLATE.valid_mask(wl, indices, CPU_LIMITS)
+    assert 0 < mask.sum() < len(indices)
+    for i in (0, len(indices) // 3, len(indices) - 1):
+        assert mask[i] == (not TEMPLATE.check_limits(wl, TEMPLATE.space(wl).get(int(i)),
+                                                      CPU_LIMITS))
+
+
+def test_features_have_the_same_keys_for_every_config() -> None:
+    wl = workload(1, 128, 28, 28, 128)
+    names = TEMPLATE.feature_names(wl)
+    matrix = TEMPLATE.feature_matrix(wl, np.arange(len(TEMPLATE.space(wl))))
+    assert matrix.shape == (len(TEMPLATE.space(wl)), len(names)) and np.isfinite(matrix).all()
+    assert names == TEMPLATE.feature_names(workload(1, 64, 7, 7, 32))
+    one = TEMPLATE.features(wl, TEMPLATE.default_config(wl))
+    assert one["log_tile_size"] == 2 and one["log_tile_p"] == 2
+    # F(4x4) on 28x28: 36 points per 16 outputs against 9 multiplies each
+    assert one["gemm_flop_ratio"] == pytest.approx(36 * 49 / (9 * 784))
+
+
+def test_compiler_extracts_the_task_beside_the_direct_one() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 10, 10))
+    rng = np.random.default_rng(0)
+    w3 = b.const(rng.uniform(-1, 1, (16, 8, 3, 3)).astype(np.float32))
+    w1 = b.const(rng.uniform(-1, 1, (16, 16, 1, 1)).astype(np.float32))
+    conv3 = b.call("nn.conv2d", [x, w3], "conv3", padding=(1, 1, 1, 1))
+    conv1 = b.call("nn.conv2d", [conv3, w1], "conv1")
+    graph = optimize(b.finish([conv1]))
+    tasks = extract_tasks(graph, CPU)
+    assert [t.template for t in tasks] == [CONV_CPU, WINOGRAD_CPU, CONV_CPU]
+    assert tasks[1].workload.args == tasks[0].workload.args  # the same workload
+    # no records: the default build keeps the direct template
+    plan, chosen, _ = select_layers(graph, CPU, None, DeviceLimits())
+    assert [t.template for t in chosen] == [CONV_CPU, CONV_CPU]
+
+
+# ---- on the OpenCL device ----
+
+def run(device: Device, wl: Workload, cfg: Config, epilogue: Epilogue,
+        io: IOLayout) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's output (back in NCHW) and numpy's, for inputs in ``io``'s layouts."""
+    arrays = TEMPLATE.make_inputs(wl, epilogue, np.random.default_rng(5))
+    want = TEMPLATE.reference(wl, arrays, epilogue)
+    kernel = TEMPLATE.codegen(wl, cfg, device.dialect, epilogue, io)
+    inputs = [to_blocked(arrays[0], io.data_block), TEMPLATE.pack_weight(wl, cfg, arrays[1])]
+    if "bias" in epilogue.ops:
+        inputs.append(arrays[2])
+    if "add" in epilogue.ops:
+        inputs.append(to_blocked(arrays[-1], io.residual_block))
+    assert [a.shape for a in inputs] == [b.shape for b in kernel.buffers[:-1]]
+    out_shape = kernel.buffers[-1].shape
+    assert out_shape == blocked_shape(want.shape, io.out_block)
+    program = device.build(kernel)
+    buffers = [device.upload(np.ascontiguousarray(a)) for a in inputs]
+    out = device.alloc(out_shape)
+    device.write(out, np.full(out_shape, np.nan, dtype=np.float32))
+    device.run(program, kernel, [*buffers, out])
+    return from_blocked(device.download(out, out_shape), io.out_block), want
+
+
+# (workload, knobs, epilogue, layout): both tile sizes; padding 1 and 0; odd and
+# non-square H x W (cropped last tiles); two images; C and K not multiples of 8 or 16;
+# vec 1 (plain floats), gathered and vector-loaded input lanes; a register block that
+# does not divide the tiles; vector and lane-wise stores and epilogues.
+CASES = [
+    (workload(1, 16, 8, 8, 16), dict(tile_size=2, tile_p=4), FULL, IOLayout()),
+    (workload(1, 16, 8, 8, 16), dict(tile_size=4, tile_p=1), FULL, IOLayout(16, 16, 16)),
+    (workload(1, 12, 9, 7, 24), dict(tile_size=2, oc_bn=8, tile_p=3, vec=4),
+     Epilogue(("bias", "relu")), IOLayout(4, 8)),
+    (workload(1, 12, 9, 7, 24), dict(tile_size=4, oc_bn=12, tile_p=2, vec=4, wg=2),
+     FULL, IOLayout(6, 12, 8)),
+    (workload(2, 10, 11, 13, 6, pad=0), dict(tile_size=4, oc_bn=6, tile_p=5, vec=2),
+     Epilogue(("relu", "add")), IOLayout(0, 3, 2)),
+    (workload(2, 10, 11, 13, 6, pad=0), dict(tile_size=2, oc_bn=3, tile_p=7, vec=1, wg=4),
+     FULL, IOLayout(5, 0, 6)),
+    (workload(1, 24, 14, 14, 32), dict(tile_size=4, oc_bn=32, tile_p=8, vec=16),
+     Epilogue(("bias", "add")), IOLayout(8, 32, 32)),
+    (workload(1, 24, 14, 14, 32), dict(tile_size=2, oc_bn=16, tile_p=6, vec=8),
+     Epilogue(("bias", "clip:0.0:6.0")), IOLayout(0, 16)),
+    (workload(1, 3, 5, 5, 4), dict(tile_size=4, oc_bn=4, tile_p=1, vec=4), Epilogue(),
+     IOLayout()),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_kernel_matches_numpy(device: Device, case: int) -> None:
+    wl, knobs, epilogue, io = CASES[case]
+    cfg = config(wl, **knobs)
+    assert TEMPLATE.check_limits(wl, cfg, CPU_LIMITS) == []
+    got, want = run(device, wl, cfg, epilogue, io)
+    ok, why = max_abs_error_ok(got, want, CHECK)
+    assert ok, f"{knobs} {epilogue.ops} {io}: {why}"
+
+
+def test_cases_cover_both_tile_sizes_layouts_and_store_paths() -> None:
+    seen = [(config(wl, **dict(k)), wl, io) for wl, k, _, io in CASES]
+    knobs = [TEMPLATE.decode(wl, c) for c, wl, _ in seen]
+    assert {k["tile_size"] for k in knobs} == {2, 4}
+    assert {k["vec"] for k in knobs} >= {1, 2, 4, 8, 16}
+    assert any(io.out_block == k["tile_oc"][1] for k, (_, _, io) in zip(knobs, seen))
+    assert any(io.out_block not in (0, k["tile_oc"][1]) for k, (_, _, io) in zip(knobs, seen))
+    for field in ("data_block", "out_block", "residual_block"):
+        assert {getattr(io, field) for _, _, io in seen} > {0}
+    sources = [TEMPLATE.codegen(wl, c, "opencl", FULL, io).source for c, wl, io in seen]
+    assert any("WMAKE(" in s.split("wino_cpu_input_transform(")[1].split("KERNEL")[0]
+               for s in sources)  # a gathered plain-NCHW input somewhere
+    assert any("min(p0 +" in s for s in sources)  # a register block's tail
+
+
+@cache
+def resnet_requests() -> list[MeasureRequest]:
+    out = []
+    for c, h in ((64, 56), (128, 28), (256, 14), (512, 7)):
+        wl = workload(1, c, h, h, c)
+        out.append(MeasureRequest(WINOGRAD_CPU, wl, config(wl, tile_size=4), CHECK))
+    return out
+
+
+def test_resnet50_3x3_layers_at_f4x4_are_within_the_measurers_tolerance(
+        device: Device) -> None:
+    """F(4x4, 3x3) rounds more than direct convolution; at C = 512 it must still pass the
+    check every trial passes (rtol 1e-4, atol 1e-4 x max |ref| against float64)."""
+    for req in resnet_requests():
+        res = measure(device, req)
+        assert res.ok, f"{req.workload.args[0]}: {res.error_no.name} {res.error_msg}"
+
+
+def test_measurer_refuses_impossible_configs_with_error_1(device: Device) -> None:
+    wl = workload(1, 64, 7, 7, 64)
+    for cfg in (config(wl, vec=16, oc_bn=8), config(wl, tile_p=5)):
+        res = measure(device, MeasureRequest(WINOGRAD_CPU, wl, cfg, CHECK))
+        assert res.error_no == MeasureErrorNo.INSTANTIATION_ERROR, res
+        assert "config does not fit" in res.error_msg
+
+
+def record(wl: Workload, cfg: Config, seconds: float) -> Record:
+    return Record(target=CPU, workload=wl, config=cfg,
+                  result=MeasureResult(costs=(seconds,), error_no=MeasureErrorNo.NO_ERROR))
+
+
+def test_build_takes_winograd_where_it_measured_faster_and_chains_blocked_layouts(
+        device: Device) -> None:
+    """conv1 (direct) -> conv2 (Winograd) -> conv3 (Winograd, conv1 as residual) ->
+    conv4 (direct, graph output): Winograd layers read and write NCHW[x]c between direct
+    ones, and the model equals the graph interpreter."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+
+    def w(*shape: int):  # type: ignore[no-untyped-def]
+        return b.const(rng.uniform(-0.3, 0.3, shape).astype(np.float32))
+
+    x = b.input("x", (1, 16, 14, 14))
+    pad = dict(padding=(1, 1, 1, 1))
+    c1 = b.call("nn.relu", [b.call("nn.bias_add", [
+        b.call("nn.conv2d", [x, w(24, 16, 1, 1)], "conv1"), w(24)])])
+    c2 = b.call("nn.relu", [b.call("nn.conv2d", [c1, w(32, 24, 3, 3)], "conv2", **pad)])
+    c3 = b.call("nn.bias_add", [b.call("nn.conv2d", [c2, w(24, 32, 3, 3)], "conv3", **pad),
+                                w(24)])
+    c3 = b.call("nn.relu", [b.call("add", [c3, c1])])
+    c4 = b.call("nn.conv2d", [c3, w(20, 24, 1, 1)], "conv4")
+    graph = optimize(b.finish([c4]))
+    xs = rng.uniform(-1, 1, (1, 16, 14, 14)).astype(np.float32)
+    want = evaluate(graph, [xs])[0]
+
+    # Winograd records faster than the direct ones: F(2x2) for conv2, F(4x4) with
+    # oc_bn 8 (an output block other than its reader's data block) for conv3
+    winograd_knobs = {"conv2": {"tile_size": 2}, "conv3": {"tile_size": 4, "oc_bn": 8}}
+    records = []
+    for node in graph.ops():
+        if node.op not in ("nn.conv2d", "fused.conv2d"):
+            continue
+        found = {w.template: w for w in candidates(node, CPU)}
+        direct = found[CONV_CPU]
+        records.append(record(direct, get_template(CONV_CPU).default_config(direct), 2e-3))
+        if WINOGRAD_CPU in found:
+            wl = found[WINOGRAD_CPU]
+            records.append(record(wl, config(wl, **winograd_knobs[node.name]), 1e-3))
+    module = build(graph, target=str(device.target), records=MemorySource(records),
+                   optimized=True)
+    assert [c.template for c in module.choices] == [CONV_CPU, WINOGRAD_CPU, WINOGRAD_CPU,
+                                                    CONV_CPU]
+    assert all(c.source == THIS_DEVICE for c in module.choices)
+    steps = [s for s in module.program.steps if "conv" in s.name]
+    shapes = [[buf.shape for buf in s.kernel.buffers] for s in steps]
+    assert shapes[1][0] == (1, 2, 14, 14, 12) and shapes[1][-1] == (1, 2, 14, 14, 16)
+    assert shapes[2][0] == (1, 2, 14, 14, 16) and shapes[2][-2] == (1, 2, 14, 14, 12)
+    assert shapes[2][-1] == (1, 3, 14, 14, 8) and shapes[3][0] == (1, 3, 14, 14, 8)
+    got = module.run([xs])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+# ---- CUDA: the same kernel body compiles with nvcc ----
+
+@needs_nvcc
+def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
+    entries = ("wino_cpu_input_transform", "wino_cpu_batched_gemm", "wino_cpu_output_transform")
+    sources = []
+    for wl, knobs, epilogue, io in CASES:
+        src = TEMPLATE.codegen(wl, config(wl, **knobs), "cuda", epilogue, io).source
+        for entry in entries:
+            src = src.replace(entry, f"{entry}_{len(sources)}")
+        sources.append(src)
+    path = tmp_path / "winograd_cpu.cu"
+    path.write_text("\n".join(sources))
+    proc = nvcc_ptx(path)
+    assert proc.returncode == 0, proc.stderr[:3000]
+    found = set(re.findall(r"\.entry\s+(\w+)", path.with_suffix(".ptx").read_text()))
+    assert found == {f"{e}_{i}" for e in entries for i in range(len(sources))}
