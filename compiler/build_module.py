@@ -10,9 +10,10 @@ plan buffers and build the kernels in a graph executor.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from compiler.ir import CONST, INPUT, Graph, Node, TensorType
 from compiler.ir.ops import ALIAS_OPS, node_epilogue
+from compiler.kernels import BLOCKED_KERNELS
 from compiler.kernels import lower as lower_plain
 from compiler.passes import optimize
 from compiler.records import (
@@ -102,13 +104,16 @@ def load_graph(model: Model) -> Graph:
 
 def build(model: Model, target: str | Target | None = None,
           records: RecordSource | None = None, device: Device | None = None,
-          optimized: bool = False, blocked_layout: bool = True) -> Module:
+          optimized: bool = False, blocked_layout: bool = True,
+          slice_concat: bool = True) -> Module:
     """Compile ``model`` for the local device matching ``target`` (or ``device``).
 
     ``records`` supplies tuned configs; without it every task runs its template's default.
     ``optimized``: ``model`` is a graph the passes already ran on. ``blocked_layout``:
     keep activations in NCHW[x]c between CPU-template convolutions (``plan_layouts``);
     False stores every value in plain NCHW (to compare, or to read intermediates).
+    ``slice_concat``: the producers of a concatenation write their slices of it in place
+    (``plan_slices``); False runs a concatenate kernel for each (to compare).
     """
     owns_device = device is None
     if device is None:
@@ -117,7 +122,8 @@ def build(model: Model, target: str | Target | None = None,
     if not optimized:
         graph = optimize(graph)
     plan, tasks, choices = select_layers(graph, device.target, records, device.limits)
-    program = lower(graph, plan, device.dialect, blocked_layout=blocked_layout)
+    program = lower(graph, plan, device.dialect, blocked_layout=blocked_layout,
+                    view_align=device.view_align if slice_concat else 0)
     module = Module(graph, tasks, choices, program, GraphExecutor(program, device), device,
                     owns_device)
     served = Counter(c.source for c in choices)
@@ -175,7 +181,9 @@ def plan_layouts(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, int]:
     any other op reads it, or it is a graph output, it writes plain NCHW. So a
     non-blocked op only ever sees plain NCHW, and no layout_transform op is needed at
     all: the producer itself writes what its readers take, and each blocked layer reads
-    its data and residual in whatever block their producers wrote."""
+    its data and residual in whatever block their producers wrote. A plain op with a
+    blocked kernel (``BLOCKED_KERNELS``: an element-wise chain) read only by such layers
+    likewise writes the block its first reader takes its data in (``_data_block``)."""
     users = graph.users()
     blocked: dict[Node, int] = {}  # layers that can read and write blocked values
     for node, choice in plan.items():
@@ -189,12 +197,110 @@ def plan_layouts(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, int]:
         slots = {i for i, arg in enumerate(reader.inputs) if arg is value}
         return slots <= {0, _residual_index(reader)}
 
-    return {node: block for node, block in blocked.items()
-            if block and users[node] and all(takes_blocked(u, node) for u in users[node])}
+    layouts = {node: block for node, block in blocked.items()
+               if block and users[node] and all(takes_blocked(u, node) for u in users[node])}
+    # DenseNet's pre-activation scale/shift/relu before each 1x1 conv: the layout
+    # transform then costs no pass of its own
+    live = graph.live()
+    for node in graph.nodes:
+        readers = users.get(node, [])
+        if id(node) not in live or node.op not in BLOCKED_KERNELS or not readers \
+                or not all(takes_blocked(u, node) for u in readers):
+            continue
+        block = _data_block(plan[readers[0]], node.ty.shape[1])
+        if BLOCKED_KERNELS[node.op][0](node, block):
+            layouts[node] = block
+    return layouts
+
+
+def _data_block(choice: Choice, channels: int) -> int:
+    """The channel block a blocked layer reads its data in fastest: its config's ic_bn
+    (AutoTVM's ``tile_ic`` split, inner factor), else the widest of 16, 8, 4, 2 that
+    divides ``channels``."""
+    values = get_template(choice.workload.template).decode(choice.workload, choice.config)
+    tile = values.get("tile_ic")
+    if isinstance(tile, (tuple, list)) and tile:
+        return int(tile[-1])
+    return next((b for b in (16, 8, 4, 2) if channels % b == 0), 0)
+
+
+def _slice_starts(node: Node) -> list[int]:
+    """The element offset of each input's slice in a concatenation whose axes before
+    the concatenated one have extent 1 (so each slice is one run of elements)."""
+    axis = node.attrs["axis"] % node.ty.ndim
+    inner = math.prod(node.ty.shape[axis + 1:])
+    starts, start = [], 0
+    for part in node.inputs:
+        starts.append(start * inner)
+        start += part.ty.shape[axis]
+    return starts
+
+
+def _viewable(part: Node, outputs: set[int], layouts: Mapping[Node, int]) -> bool:
+    """Whether ``part``'s producer can write it straight into a slice of another
+    value's storage: a value some step computes (not a graph input, constant or
+    alias), plain NCHW, not a graph output."""
+    return (part.op not in (INPUT, CONST) and part.op not in ALIAS_OPS
+            and id(part) not in outputs and part not in layouts and part.ty.size > 0)
+
+
+def plan_slices(graph: Graph, layouts: Mapping[Node, int], view_align: int
+                ) -> tuple[set[Node], dict[Node, tuple[Node, int]]]:
+    """Concatenations that run no kernel, and which values are written in place.
+
+    A concatenation qualifies when each input's slice of it is one contiguous run of
+    elements (every axis before the concatenated one has extent 1: NCHW with N = 1
+    along channels), it is stored plain, and every slice starts at a byte offset the
+    device can view (``view_align``; 0: none qualifies). Returns those concatenations
+    and, per input written in place, (its concatenation, element offset): the input's
+    producer writes its slice directly, so the copy is never made. An input that cannot
+    be a view (``_viewable``; repeated; or already a slice of an earlier concatenation)
+    is copied into its slice instead. DenseNet's dense blocks nest these (each layer's
+    concatenation is the first input of the next), so a block's growing feature map is
+    one buffer that every layer appends its channels to."""
+    sliced: set[Node] = set()
+    views: dict[Node, tuple[Node, int]] = {}
+    if not view_align:
+        return sliced, views
+    live, outputs = graph.live(), {id(n) for n in graph.outputs}
+    for node in graph.nodes:
+        if node.op != "concatenate" or id(node) not in live or node in layouts \
+                or not node.ty.size:
+            continue
+        axis = node.attrs["axis"] % node.ty.ndim
+        if math.prod(node.ty.shape[:axis]) != 1:
+            continue
+        itemsize = np.dtype(node.ty.dtype).itemsize
+        starts = _slice_starts(node)
+        if any(o * itemsize % view_align for o, p in zip(starts, node.inputs) if p.ty.size):
+            continue
+        sliced.add(node)
+        for part, offset in zip(node.inputs, starts):
+            if part not in views and _viewable(part, outputs, layouts):
+                views[part] = (node, offset)
+    return sliced, views
+
+
+def _slice_in(program: Program, node: Node, vid: int, views: Mapping[Node, tuple[Node, int]],
+              dialect: str, value_id: Callable[[Node], int]) -> None:
+    """A concatenation with no kernel: each input written in place becomes a view of
+    it; each other non-empty input is copied into a new value that is one."""
+    for part, offset in zip(node.inputs, _slice_starts(node)):
+        if not part.ty.size:
+            continue
+        if views.get(part) == (node, offset):
+            program.views[value_id(part)] = (vid, offset)
+            continue
+        copy = Node("copy", (part,), {}, part.ty, node.name)
+        slot = len(program.values)
+        program.values.append(part.ty)
+        program.views[slot] = (vid, offset)
+        program.steps.append(Step(f"copy {node.name}".strip(), lower_plain(copy, dialect),
+                                  (value_id(part), slot)))
 
 
 def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
-          blocked_layout: bool = True) -> Program:
+          blocked_layout: bool = True, view_align: int = 0) -> Program:
     """One step per op: conv2d/dense layers in ``plan`` run their template with the
     chosen config; reshapes alias their input; everything else gets a plain kernel. No
     device needed: the same program lowers to CUDA C for a GPU machine as to OpenCL C
@@ -204,7 +310,11 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
     (their type stays NCHW: the executor only checks element counts); each blocked-io
     layer is generated for the layouts of its data, residual and output
     (``Program.blocks`` lists the blocked values). Only layers that write and read them
-    touch blocked values, so there are no layout_transform steps."""
+    touch blocked values, so there are no layout_transform steps.
+
+    With ``view_align`` (the device's, bytes) the concatenations ``plan_slices`` picks
+    run no kernel: their inputs are views of them (``Program.views``), written in
+    place by their producers or, where one cannot, copied into their slice."""
     ids: dict[Node, int] = {}
     program = Program(values=[], inputs=[], outputs=[], constants={}, steps=[], aliases={})
 
@@ -215,6 +325,7 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
         return ids[node]
 
     layouts = plan_layouts(graph, plan) if blocked_layout else {}
+    sliced, views = plan_slices(graph, layouts, view_align)
     live = graph.live()
     for node in graph.inputs:
         program.inputs.append((node.name, value_id(node)))
@@ -229,6 +340,9 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
         args = tuple(value_id(a) for a in node.inputs)
         if node.op in ALIAS_OPS:
             program.aliases[vid] = args[0]
+            continue
+        if node in sliced:
+            _slice_in(program, node, vid, views, dialect, value_id)
             continue
         choice = plan.get(node)
         if choice is not None:
@@ -258,7 +372,9 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
                     template.pack_weight(workload, choice.config, weight), dtype=wbuf.dtype)
                 args = (args[0], packed, *args[2:])
         else:
-            kernel = lower_plain(node, dialect)
+            kernel = lower_plain(node, dialect, out_block=layouts.get(node, 0))
+            if node in layouts:
+                program.blocks[vid] = layouts[node]
         program.steps.append(Step(f"{node.op} {node.name}".strip(), kernel, (*args, vid)))
     program.outputs = [value_id(n) for n in graph.outputs]
     # a weight a template packed is read in its packed copy only: do not upload both

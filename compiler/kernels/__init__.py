@@ -29,6 +29,9 @@ from compiler.kernels.common import NoKernelError, check_operands, describe
 from compiler.templates.base import DIALECTS, Kernel
 from compiler.templates.prelude import with_prelude
 
+# ops with a kernel that writes NCHW[b]c: op -> (whether it can for a node and b, kernel)
+BLOCKED_KERNELS = elementwise.BLOCKED_KERNELS
+
 KERNELS: dict[str, Callable[[Node], Kernel]] = {
     **elementwise.KERNELS,
     **pool.KERNELS,
@@ -42,8 +45,9 @@ KERNELS: dict[str, Callable[[Node], Kernel]] = {
 }
 
 
-def lower(node: Node, dialect: str = "opencl") -> Kernel:
-    """The plain kernel computing ``node``; NoKernelError when there is none."""
+def lower(node: Node, dialect: str = "opencl", out_block: int = 0) -> Kernel:
+    """The plain kernel computing ``node``; NoKernelError when there is none.
+    ``out_block`` > 0: written in NCHW[out_block]c (ops of ``BLOCKED_KERNELS`` only)."""
     if dialect not in DIALECTS:
         raise ValueError(f"dialect {dialect!r} is not one of {', '.join(DIALECTS)}")
     if node.op in (INPUT, CONST):
@@ -56,9 +60,15 @@ def lower(node: Node, dialect: str = "opencl") -> Kernel:
     if make is None:
         raise NoKernelError(f"{describe(node)}: no plain kernel for op {node.op!r}")
     check_operands(node)
-    kernel = make(node)
+    if out_block:
+        if node.op not in BLOCKED_KERNELS:
+            raise NoKernelError(f"{describe(node)}: no kernel writes {node.op!r} in "
+                                f"NCHW[{out_block}]c")
+        kernel = BLOCKED_KERNELS[node.op][1](node, out_block)
+    else:
+        kernel = make(node)
     return dataclasses.replace(kernel, source=with_prelude(kernel.source, dialect),
                                dialect=dialect)
 
 
-__all__ = ["KERNELS", "NoKernelError", "lower"]
+__all__ = ["BLOCKED_KERNELS", "KERNELS", "NoKernelError", "lower"]

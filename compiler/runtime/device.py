@@ -167,6 +167,15 @@ class Device(ABC):
     def alloc_bytes(self, nbytes: int) -> Any:
         """An uninitialised buffer of ``nbytes`` (at least one word): pooled storage."""
 
+    #: byte alignment a view's start needs (``view``); 0: this backend makes no views
+    view_align: int = 0
+
+    def view(self, buffer: Any, offset: int, nbytes: int) -> Any:
+        """``nbytes`` of ``buffer`` from byte ``offset``, as a buffer kernels take: a
+        producer writes its channel slice of a concatenation in place through one.
+        ``offset`` must be a multiple of ``view_align``."""
+        raise DeviceRuntimeError(f"{self.info.spec}: this backend makes no buffer views")
+
     @abstractmethod
     def write(self, buffer: Any, array: np.ndarray) -> None:
         """Copy ``array`` into the start of an existing buffer; returns once it is copied."""

@@ -46,6 +46,11 @@ class Program:
     # value id -> channel block b of a value stored in NCHW[b]c (its type stays NCHW;
     # only the template kernels that write and read it know); absent: plain NCHW
     blocks: dict[int, int] = field(default_factory=dict)
+    # value id (a part) -> (value id of a whole, element offset): the part is stored in
+    # the whole's storage from that element on, so the step writing the part writes its
+    # slice of the whole in place (a concatenation without a copy). A whole has no step
+    # of its own: its parts tile it exactly, and it is defined once they all are.
+    views: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,9 @@ class GraphExecutor:
     def __init__(self, program: Program, device: Device) -> None:
         self.program = program
         self.device = device
-        self._root = [_root(program.aliases, v) for v in range(len(program.values))]
+        _check_ids(program)
+        self._place = [place(program, v) for v in range(len(program.values))]
+        self._root = [r for r, _ in self._place]
         self._check()
         self._pinned = pinned_roots(program)
         self._kernels = self._build_all(program.steps)
@@ -108,8 +115,20 @@ class GraphExecutor:
         for root, index in self.plan.slot.items():
             storage[root] = pool[index]
         self._storage = storage
-        self._args = [[storage[self._root[v]] for v in step.args] for step in program.steps]
+        self._views: dict[tuple[int, int, int], Any] = {}
+        self._args = [[self._buffer(v) for v in step.args] for step in program.steps]
         self._inputs_set = not program.inputs
+
+    def _buffer(self, vid: int) -> Any:
+        """The device buffer value ``vid`` lives in: its root's storage, or a view of it
+        from the value's byte offset (one view object per distinct slice)."""
+        root, offset = self._place[vid]
+        if not offset:
+            return self._storage[root]
+        key = (root, offset, self.program.values[vid].nbytes)
+        if key not in self._views:
+            self._views[key] = self.device.view(self._storage[root], offset, key[2])
+        return self._views[key]
 
     # ---- setup
 
@@ -117,11 +136,22 @@ class GraphExecutor:
         """Arguments fit their kernels; every value is written once, before it is read."""
         p = self.program
         count = len(p.values)
-        for vid in (*(v for _, v in p.inputs), *p.outputs, *p.constants, *p.aliases,
-                    *p.aliases.values(), *(a for s in p.steps for a in s.args)):
-            if not 0 <= vid < count:
-                raise ValueError(f"value id {vid} is not one of the program's {count} values")
-        defined = {self._root[v] for _, v in p.inputs} | {self._root[v] for v in p.constants}
+        self._check_views()
+        base = [_root(p.aliases, v) for v in range(count)]  # the value an alias reads
+        parts: dict[int, list[int]] = {}
+        for part, (whole, _) in p.views.items():
+            parts.setdefault(whole, []).append(part)
+
+        def define(vid: int) -> None:
+            """``vid`` is now written; so is every whole whose last part it completes."""
+            defined.add(vid)
+            while vid in p.views:
+                vid = base[p.views[vid][0]]
+                if vid in defined or not all(base[q] in defined for q in parts[vid]):
+                    return
+                defined.add(vid)
+
+        defined = {base[v] for _, v in p.inputs} | {base[v] for v in p.constants}
         for step in p.steps:
             if len(step.args) != len(step.kernel.buffers):
                 raise ValueError(f"step {step.name}: {len(step.args)} arguments for "
@@ -135,18 +165,53 @@ class GraphExecutor:
                     raise ValueError(f"step {step.name}: value {vid} of type "
                                      f"{p.values[vid]} for buffer {buf.name} {list(buf.shape)}")
                 if buf.role == "out":
-                    written.append(self._root[vid])
-                elif self._root[vid] not in defined:
+                    written.append(base[vid])
+                elif base[vid] not in defined:
                     raise ValueError(f"step {step.name}: reads value {vid} before any step "
                                      "writes it")
-            for root in written:
-                if root in defined:
-                    raise ValueError(f"step {step.name}: value {root} is already an input, "
-                                     "a constant or another step's result")
-                defined.add(root)
-        missing = [v for v in p.outputs if self._root[v] not in defined]
+            for vid in written:
+                if vid in defined or vid in parts:
+                    raise ValueError(f"step {step.name}: value {vid} is already an input, "
+                                     "a constant, another step's result or made of parts")
+                define(vid)
+        missing = [v for v in p.outputs if base[v] not in defined]
         if missing:
             raise ValueError(f"output value(s) {missing} are never computed")
+
+    def _check_views(self) -> None:
+        """Each whole's parts tile it exactly (same dtype, in bounds, no overlap, no
+        gap) and at offsets the device can view; no input or constant is a part or a
+        whole (their storage is their own), nor an alias (a view is of a value)."""
+        p = self.program
+        own = {v for _, v in p.inputs} | set(p.constants) | set(p.aliases)
+        tiles: dict[int, list[tuple[int, int]]] = {}
+        for part, (whole, offset) in p.views.items():
+            if part in own or whole in own:
+                raise ValueError(f"view of value {part} in value {whole}: inputs, constants "
+                                 "and aliases cannot be parts or wholes")
+            a, b = p.values[part], p.values[whole]
+            if a.dtype != b.dtype or offset < 0 or offset + a.size > b.size:
+                raise ValueError(f"value {part} ({a}) at element {offset} does not fit in "
+                                 f"value {whole} ({b})")
+            tiles.setdefault(whole, []).append((offset, a.size))
+        for whole, spans in tiles.items():
+            end = 0
+            for offset, size in sorted(spans):
+                if offset != end:
+                    raise ValueError(f"the parts of value {whole} overlap or leave a gap at "
+                                     f"element {min(offset, end)}")
+                end = offset + size
+            if end != p.values[whole].size:
+                raise ValueError(f"the parts of value {whole} cover {end} of its "
+                                 f"{p.values[whole].size} elements")
+        align, spec = self.device.view_align, self.device.info.spec
+        for vid, (_, offset) in enumerate(self._place):
+            if offset and not align:
+                raise ValueError(f"value {vid} lies at byte {offset} of its storage: "
+                                 f"{spec} makes no buffer views")
+            if offset and offset % align:
+                raise ValueError(f"value {vid} lies at byte {offset} of its storage: "
+                                 f"{spec} views only at multiples of {align} bytes")
 
     def _build_all(self, steps: Sequence[Step]) -> list[Any]:
         """Each distinct source once, on a few threads: device compilers (PoCL's LLVM,
@@ -203,7 +268,7 @@ class GraphExecutor:
             arrays.append(np.ascontiguousarray(array, dtype=ty.dtype))
         for (_, vid), array in zip(names, arrays):
             if array.size:
-                self.device.write(self._storage[self._root[vid]], array)
+                self.device.write(self._buffer(vid), array)
         self._inputs_set = True
 
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -217,7 +282,7 @@ class GraphExecutor:
         ty = self.program.values[vid]
         if not ty.size:
             return np.empty(ty.shape, ty.dtype)
-        return self.device.download(self._storage[self._root[vid]], ty.shape, ty.dtype)
+        return self.device.download(self._buffer(vid), ty.shape, ty.dtype)
 
     def _launch_all(self, timed: bool = False) -> list[Any]:
         return [self.device.launch(program, step.kernel, args, timed)
@@ -275,6 +340,16 @@ class GraphExecutor:
                 for step, t in zip(self.program.steps, totals)]
 
 
+def _check_ids(p: Program) -> None:
+    """Every value id the program names is one of its values."""
+    count = len(p.values)
+    for vid in (*(v for _, v in p.inputs), *p.outputs, *p.constants, *p.aliases,
+                *p.aliases.values(), *p.views, *(w for w, _ in p.views.values()),
+                *(a for s in p.steps for a in s.args)):
+        if not 0 <= vid < count:
+            raise ValueError(f"value id {vid} is not one of the program's {count} values")
+
+
 def _root(aliases: Mapping[int, int], vid: int) -> int:
     seen = {vid}
     while vid in aliases:
@@ -285,31 +360,49 @@ def _root(aliases: Mapping[int, int], vid: int) -> int:
     return vid
 
 
+def place(program: Program, vid: int) -> tuple[int, int]:
+    """(root, byte offset): the value whose storage ``vid`` lives in, through aliases
+    (same storage) and views (a slice of a whole's), and where in it ``vid`` starts."""
+    offset, seen = 0, {vid}
+    while True:
+        if vid in program.aliases:
+            vid = program.aliases[vid]
+        elif vid in program.views:
+            whole, elements = program.views[vid]
+            offset += elements * np.dtype(program.values[vid].dtype).itemsize
+            vid = whole
+        else:
+            return vid, offset
+        if vid in seen:
+            raise ValueError(f"value {vid} lies in itself through a cycle of aliases/views")
+        seen.add(vid)
+
+
 def pinned_roots(program: Program) -> set[int]:
     """Storage the pool never hands out: graph inputs, constants and outputs."""
-    return {_root(program.aliases, v)
+    return {place(program, v)[0]
             for v in (*(v for _, v in program.inputs), *program.constants, *program.outputs)}
 
 
 def plan_storage(program: Program) -> StoragePlan:
-    """Greedy liveness-based sharing: walking the steps in order, a step's output takes
-    the smallest free pool buffer it fits (a new one if none does), and a value's buffer
-    goes back to the pool after the last step that reads it or an alias of it (right
+    """Greedy liveness-based sharing: walking the steps in order, the first step that
+    writes a value (or any part of it, ``Program.views``) takes for it the smallest free
+    pool buffer it fits (a new one if none does), and the buffer goes back to the pool
+    after the last step that reads or writes the value, an alias or a part of it (right
     after its own step if nothing reads it). Assumes each value is written once."""
-    root = [_root(program.aliases, v) for v in range(len(program.values))]
+    root = [place(program, v)[0] for v in range(len(program.values))]
     pinned = pinned_roots(program)
-    last_read: dict[int, int] = {}
+    last_read: dict[int, int] = {}  # last step that touches each root
     for k, step in enumerate(program.steps):
-        for vid, buf in zip(step.args, step.kernel.buffers):
-            if buf.role != "out":
-                last_read[root[vid]] = k
+        for vid in step.args:
+            last_read[root[vid]] = k
     slot: dict[int, int] = {}
     sizes: list[int] = []
     free: list[int] = []
     for k, step in enumerate(program.steps):
         for vid, buf in zip(step.args, step.kernel.buffers):
             r = root[vid]
-            if buf.role != "out" or r in pinned:
+            if buf.role != "out" or r in pinned or r in slot:
                 continue
             need = program.values[r].nbytes
             fits = [i for i in free if sizes[i] >= need]
@@ -327,4 +420,4 @@ def plan_storage(program: Program) -> StoragePlan:
 
 
 __all__ = ["BenchmarkResult", "GraphExecutor", "Program", "Step", "StepTime", "StoragePlan",
-           "pinned_roots", "plan_storage"]
+           "pinned_roots", "place", "plan_storage"]

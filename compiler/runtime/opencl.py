@@ -166,6 +166,7 @@ class OpenCLDevice(Device):
         # a GPU's timed launches queue behind a hold kernel; on a CPU the hold would only
         # take a core from the host (bench/launch_overhead.py: no gain past tiny kernels)
         self.holds_queue = not device.type & cl.device_type.CPU
+        self.view_align = max(1, device.mem_base_addr_align // 8)  # bits -> bytes
         self.ctx = cl.Context([device])
         self.queue = cl.CommandQueue(
             self.ctx, properties=cl.command_queue_properties.PROFILING_ENABLE
@@ -228,6 +229,18 @@ class OpenCLDevice(Device):
             return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size=max(nbytes, 4))
         except cl.Error as err:  # out of memory included
             raise DeviceRuntimeError(f"allocation of {nbytes} bytes: {err}") from None
+
+    def view(self, buffer: Any, offset: int, nbytes: int) -> Any:
+        """A sub-buffer: its origin must be a multiple of the device's base address
+        alignment (``view_align``)."""
+        cl = _cl()
+        if offset % self.view_align:
+            raise DeviceRuntimeError(f"a view at byte {offset} is not aligned to "
+                                     f"{self.view_align} bytes")
+        try:
+            return buffer.get_sub_region(offset, max(nbytes, 4))
+        except cl.Error as err:
+            raise DeviceRuntimeError(f"view of {nbytes} bytes at {offset}: {err}") from None
 
     def write(self, buffer: Any, array: np.ndarray) -> None:
         cl = _cl()
