@@ -146,10 +146,11 @@ def nchwc_workload(n: int, c: int, hw: int, co: int, k: int, stride: int, pad: i
 
 def nchwc_config(wl: Workload, **values: object) -> Config:
     """A conv2d_NCHWc.x86 config from inner factors (tile_ic=ic_bn, tile_oc=oc_bn,
-    tile_ow=reg_n) and other knobs; vec 16, wg 1 and kw unrolled unless given."""
+    tile_ow=reg_n) and other knobs; vec 16, wg 1, kw unrolled and the loop knobs at their
+    defaults (order_oc 0, unroll_ci 1) unless given."""
     template = get_template(CONV_CPU)
     op = template.parse(wl)
-    full: dict[str, object] = {"vec": 16, "wg": 1}
+    full: dict[str, object] = {"vec": 16, "wg": 1, "order_oc": 0, "unroll_ci": 1}
     if op.kh == 1 and op.kw == 1:
         full["tile_oh"] = 1
     else:

@@ -97,13 +97,14 @@ def test_workload_is_autotvms_eight_args_nchw_only() -> None:
 
 
 def test_knobs_are_autotvms_then_the_opencl_ones() -> None:
+    """Then the loop knobs (tests/test_nchwc_space.py)."""
     conv3 = TEMPLATE.space(SWEEP["resnet50.res2.3x3"])
     assert [k.name for k in conv3.knobs] == ["tile_ic", "tile_oc", "tile_ow", "unroll_kw",
-                                             "vec", "wg"]
+                                             "vec", "wg", "order_oc", "unroll_ci"]
     assert conv3.knobs[3].candidates == (True, False)
     conv1 = TEMPLATE.space(SWEEP["resnet50.res5.1x1"])
     assert [k.name for k in conv1.knobs] == ["tile_ic", "tile_oc", "tile_ow", "tile_oh",
-                                             "vec", "wg"]
+                                             "vec", "wg", "order_oc", "unroll_ci"]
     assert conv1.knobs[3].candidates == (1, 2)
     one_row = TEMPLATE.space(nchwc_workload(1, 64, 1, 64, 1, 1, 0))
     assert one_row.knobs[3].candidates == (1,)
@@ -169,7 +170,11 @@ def test_default_config_fits_and_follows_the_x86_fallback() -> None:
     k = TEMPLATE.decode(SWEEP["resnet50.conv1.7x7s2"],
                         TEMPLATE.default_config(SWEEP["resnet50.conv1.7x7s2"]))
     assert k == {"tile_ic": (1, 3), "tile_oc": (4, 16), "tile_ow": (14, 8), "unroll_kw": True,
-                 "vec": 16, "wg": 1}
+                 "vec": 16, "wg": 1, "order_oc": 0, "unroll_ci": 1}
+    # a 1x1 kernel's ci loop is unrolled by 2
+    k = TEMPLATE.decode(SWEEP["resnet50.res5.1x1"],
+                        TEMPLATE.default_config(SWEEP["resnet50.res5.1x1"]))
+    assert (k["tile_ic"][1], k["tile_oh"], k["order_oc"], k["unroll_ci"]) == (16, 1, 0, 2)
 
 
 def test_a_config_without_opencl_knobs_gets_their_defaults() -> None:

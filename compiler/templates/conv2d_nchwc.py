@@ -39,6 +39,17 @@ TopHub record) decodes with vec = 16 if it divides oc_bn, else the largest candi
 that does, and wg = 1: 16 floats is the vector width of the skylake-avx512 targets those
 records were tuned for (AutoTVM vectorised the whole oc_bn axis and LLVM split it into
 such registers), and on this AVX-512 host 16 beat 8 on the same blocks.
+
+After them, two loop knobs (issue 17), AutoTVM-style reduction split and loop order:
+``unroll_ci`` (1, 2, 4, 8, 16: the ci loop split into an outer loop and an inner part of
+that many steps written out, so LLVM schedules the loads of one step under the
+multiply-adds of the previous; must divide ic_bn, else ``check_limits`` rejects the
+config) and ``order_oc`` (0: the output-channel blocks are the outermost grid axis, each
+sweeps the whole image with its weight block in cache; 1: innermost, the channel blocks
+of one pixel block run one after another and its input rows stay in cache: it pays where
+the input is large against the weight, the stride-2 1x1 convs). A config without them
+(every TopHub record, our records from before) decodes with unroll_ci = 1, order_oc = 0:
+the loops as they were, and the same ``index``.
 """
 
 from __future__ import annotations
@@ -73,6 +84,11 @@ WG_CANDIDATES = (1, 2, 4, 8)
 # What a config without the OpenCL knobs (a TopHub llvm record) runs with.
 DEFAULT_VEC, DEFAULT_WG = 16, 1
 OPENCL_KNOBS = ("vec", "wg")
+ORDER_CANDIDATES = (0, 1)
+UNROLL_CI_CANDIDATES = (1, 2, 4, 8, 16)
+# The loop-structure knobs appended after the OpenCL ones; a config without them (a
+# TopHub record, a record of ours from before) runs today's loops: these values.
+LOOP_DEFAULTS = {"order_oc": 0, "unroll_ci": 1}
 ENTRY = "conv2d_nchwc_kernel"
 
 
@@ -114,22 +130,30 @@ class Conv2dNCHWc(Template):
         else:
             knobs.append(OtherKnob("unroll_kw", (True, False)))
         knobs += [OtherKnob("vec", VEC_CANDIDATES), OtherKnob("wg", WG_CANDIDATES)]
+        knobs += [OtherKnob("order_oc", ORDER_CANDIDATES),
+                  OtherKnob("unroll_ci", UNROLL_CI_CANDIDATES)]
         return ConfigSpace(knobs)
 
     def decode(self, workload: Workload, config: Config) -> dict[str, Any]:
         """Knob values; a config that lacks both OpenCL knobs (a TopHub record) gets vec =
-        ``default_vec(oc_bn)`` and wg = 1."""
+        ``default_vec(oc_bn)`` and wg = 1, one that lacks both loop knobs gets
+        ``LOOP_DEFAULTS`` (the loops as they were before the knobs)."""
         space = self.space(workload)
         names = {e.name for e in config.entity}
         if not any(n in names for n in OPENCL_KNOBS):
             config = _with_opencl_defaults(space, config)
+        if not any(n in names for n in LOOP_DEFAULTS):
+            config = config.model_copy(update={"entity": (*config.entity, *(
+                KnobEntity(name=k.name, kind="ot", value=LOOP_DEFAULTS[k.name])
+                for k in space.knobs if k.name in LOOP_DEFAULTS))})
         return space.decode(config)
 
     def autotvm_index(self, workload: Workload, config: Config) -> int:
         """The index of ``config``'s point among AutoTVM's knobs alone (what a TopHub
         record's ``index`` counts): our index modulo the size of AutoTVM's part."""
         space = self.space(workload)
-        base = math.prod(len(k) for k in space.knobs if k.name not in OPENCL_KNOBS)
+        base = math.prod(len(k) for k in space.knobs
+                         if k.name not in (*OPENCL_KNOBS, *LOOP_DEFAULTS))
         return space.index_of(self.decode(workload, config)) % base
 
     def pack_weight(self, workload: Workload, config: Config, weight: np.ndarray) -> np.ndarray:
@@ -150,20 +174,27 @@ class Conv2dNCHWc(Template):
         """AutoTVM's x86 fallback, shaped for this kernel: oc_bn the largest factor of K
         up to 16, ic_bn the largest factor of C up to oc_bn, reg_n the largest factor of
         OW up to 8 (<= 128 accumulators: AVX-512 holds them in 8 registers), vec 16 (or
-        the largest that divides oc_bn), kw unrolled, one row, one work-item per group."""
+        the largest that divides oc_bn), kw unrolled, one row, one work-item per group,
+        channel blocks outermost. A 1x1 kernel's ci loop is unrolled by 2 (when ic_bn is
+        even): its loop body has no kw copies to schedule loads under, and the unroll was
+        faster on every 1x1 row of ResNet-50 measured (bench/space.py); other kernels
+        keep it rolled."""
         op = self.parse(workload)
         space = self.space(workload)
         oc_bn = _largest_factor(op.co, 16)
         ic_bn = _largest_factor(op.c, oc_bn)
         reg_n = _largest_factor(op.ow, 8)
+        one_by_one = op.kh == 1 and op.kw == 1
         values: dict[str, Any] = {
             "tile_ic": (op.c // ic_bn, ic_bn),
             "tile_oc": (op.co // oc_bn, oc_bn),
             "tile_ow": (op.ow // reg_n, reg_n),
             "vec": default_vec(oc_bn),
             "wg": 1,
+            "order_oc": 0,
+            "unroll_ci": 2 if one_by_one and ic_bn % 2 == 0 else 1,
         }
-        if op.kh == 1 and op.kw == 1:
+        if one_by_one:
             values["tile_oh"] = 1
         else:
             values["unroll_kw"] = True
@@ -173,7 +204,7 @@ class Conv2dNCHWc(Template):
         p = _Plan(op, knobs)
         return Usage(threads=p.wg, threads_x=p.wg, local_elements=p.acc,
                      local_detail=((p.oh_f, "rows"), (p.reg_n, ""), (p.oc_bn, "channels")),
-                     rules=(_vec_rule(p),), grid=(p.groups_x, p.ohb, op.n * p.kb))
+                     rules=(_vec_rule(p), _unroll_rule(p)), grid=p.grid)
 
     def _feature_columns(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
         p = _Plan(op, knobs)
@@ -202,8 +233,15 @@ class Conv2dNCHWc(Template):
             log_data_reuse=log2(p.nvec),
             # vector registers live in the inner loop: accumulators plus weights
             log_vector_registers=log2(vector_fmas + p.nvec),
-            # vector multiply-adds written out per ci step (kw copies when unrolled)
-            log_unrolled_fmas=log2(vector_fmas * np.where(p.unroll_kw, op.kw, 1)),
+            # vector multiply-adds written out per ci loop step (kw copies when unrolled,
+            # unroll_ci copies of the ci body)
+            log_unrolled_fmas=log2(vector_fmas * np.where(p.unroll_kw, op.kw, 1)
+                                   * p.unroll_ci),
+            log_unroll_ci=log2(p.unroll_ci),
+            unroll_divides=p.ic_bn % p.unroll_ci == 0,
+            order_oc=p.oc_inner,
+            # channel blocks that read one pixel block's input while it is in cache
+            log_input_reuse_in_cache=log2(np.where(p.oc_inner, p.kb, 1)),
             # packed weight bytes one ic block walks (its ci loop over kh x kw taps)
             log_weight_block_bytes=log2(4 * op.kh * op.kw * p.ic_bn * p.oc_bn),
             # share of work-items of the grid that have no x block (the last group's spare)
@@ -214,9 +252,9 @@ class Conv2dNCHWc(Template):
     def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue,
                  io: IOLayout = IOLayout()) -> Kernel:
         p = _Plan(op, knobs)
-        vec_rule = _vec_rule(p)
-        if not vec_rule.ok:
-            raise ConfigError(vec_rule.message_at(0))
+        for rule in (_vec_rule(p), _unroll_rule(p)):
+            if not rule.ok:
+                raise ConfigError(rule.message_at(0))
         if io.residual_block and "add" not in epilogue.ops:
             raise ValueError(f"residual_block {io.residual_block}: the epilogue "
                              f"{epilogue.ops} reads no residual")
@@ -235,7 +273,7 @@ class Conv2dNCHWc(Template):
         return Kernel(
             source="\n".join(source) + "\n",
             entry=ENTRY,
-            grid=(p.groups_x, p.ohb, op.n * p.kb),
+            grid=p.grid,
             block=(p.wg, 1, 1),
             buffers=buffers,
             dialect="",
@@ -280,6 +318,8 @@ class _Plan:
         self.unroll_kw = k.get("unroll_kw", True)
         self.vec = k["vec"]
         self.wg = k["wg"]
+        self.oc_inner = k["order_oc"]
+        self.unroll_ci = k["unroll_ci"]
         self.nvec = _at_least_1(self.oc_bn // self.vec)
         self.acc = self.oh_f * self.reg_n * self.oc_bn
         self.groups_x = -(-self.owb // self.wg)
@@ -290,6 +330,15 @@ class _Plan:
         self.check_top = op.pad[0] > 0
         self.check_bottom = (op.oh - 1) * sh - op.pad[0] + (op.kh - 1) * dh >= op.h
         self.row_tail = op.oh % self.oh_f != 0
+
+    @property
+    def grid(self) -> tuple[Any, Any, Any]:
+        """Work-groups along x (x blocks; times the channel blocks when order_oc puts them
+        innermost: x varies fastest in PoCL's group order), y (row blocks) and z (images;
+        times the channel blocks otherwise)."""
+        x_kb = np.where(self.oc_inner, self.kb, 1)
+        grid = (self.groups_x * x_kb, self.ohb, self.op.n * self.kb // x_kb)
+        return grid if np.ndim(self.oc_inner) else (int(grid[0]), int(grid[1]), int(grid[2]))
 
     @property
     def border_blocks(self) -> list[int]:
@@ -324,6 +373,13 @@ def _vec_rule(p: _Plan) -> Rule:
     return Rule(ok=p.oc_bn % p.vec == 0,
                 message="vec {vec} does not divide the output-channel block {oc_bn}",
                 values={"vec": p.vec, "oc_bn": p.oc_bn})
+
+
+def _unroll_rule(p: _Plan) -> Rule:
+    """The ci loop is unrolled by unroll_ci copies per step: it must divide ic_bn."""
+    return Rule(ok=p.ic_bn % p.unroll_ci == 0,
+                message="unroll_ci {unroll_ci} does not divide the input-channel block {ic_bn}",
+                values={"unroll_ci": p.unroll_ci, "ic_bn": p.ic_bn})
 
 
 def _hex(e: int) -> str:
@@ -363,12 +419,16 @@ class _Source:
         sh, sw = op.stride
         pt, pl = op.pad[0], op.pad[1]
         body = [signature(ENTRY, ["data", "weight", *self.extra], "out") + " {"]
-        body.append(f"  const int owb = BLOCK_X * {p.wg} + THREAD_X;")
+        if p.oc_inner:  # the channel blocks of one pixel block run one after another
+            body.append(f"  const int kb = BLOCK_X % {p.kb}, n = BLOCK_Z;")
+            body.append(f"  const int owb = (BLOCK_X / {p.kb}) * {p.wg} + THREAD_X;")
+        else:
+            body.append(f"  const int n = BLOCK_Z / {p.kb}, kb = BLOCK_Z % {p.kb};")
+            body.append(f"  const int owb = BLOCK_X * {p.wg} + THREAD_X;")
         if p.groups_x * p.wg != p.owb:  # the last group's spare work-items
             body.append(f"  if (owb >= {p.owb}) return;")
         body += [
             f"  const int oh0 = BLOCK_Y * {p.oh_f};",
-            f"  const int n = BLOCK_Z / {p.kb}, kb = BLOCK_Z % {p.kb};",
             f"  const int ow0 = owb * {p.reg_n};",
             f"  const int x0 = ow0 * {sw} - {pl};",
         ]
@@ -477,8 +537,20 @@ class _Source:
             for i, j, v, name in self.acc_names():
                 if j in cols:
                     inner.append(f"{name} = {self.vfma(f'd{i}_{j}', f'w{v}', name)};")
-            out.append(f"for (int ci = 0; ci < {p.ic_bn}; ++ci) {{")
-            out += indent(inner)
+            u = p.unroll_ci
+            if u == 1:
+                out.append(f"for (int ci = 0; ci < {p.ic_bn}; ++ci) {{")
+                out += indent(inner)
+                out.append("}")
+                return out
+            copies: list[str] = []
+            for t in range(u):
+                ci = f"cu + {t}" if t else "cu"
+                copies += ["{", f"  const int ci = {ci};", *indent(inner), "}"]
+            if u == p.ic_bn:
+                return out + ["{", "  const int cu = 0;", *indent(copies), "}"]
+            out.append(f"for (int cu = 0; cu < {p.ic_bn}; cu += {u}) {{")
+            out += indent(copies)
             out.append("}")
             return out
 
