@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import typer
 
@@ -10,6 +14,17 @@ from cli.common import fail
 from cli.db import DATABASE_URL, resolve_url
 
 QUEUE_FORMS = "sql, or redis://HOST:PORT/DB"
+# prometheus_client's multiprocess mode: where several server processes keep /metrics
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# How long a server process may take to start (imports, the schema check) and then to
+# answer its supervisor's ping before uvicorn kills and replaces it: its 5 s default
+# kills every process of a fleet starting on a busy machine, over and over.
+STARTUP_S = 60
+# Seconds an idle keep-alive connection stays open. Past the clients' own (httpx: 5 s),
+# so a client always drops an idle connection first; at uvicorn's 5 s both ends expire
+# it together, and a request sent on it as the server closes it fails (a worker that
+# measured for 5 s loses its next lease call to a connection reset).
+KEEP_ALIVE_S = 30
 
 
 def check_queue_url(url: str) -> None:
@@ -25,6 +40,24 @@ def check_queue_url(url: str) -> None:
         fail(f"--queue-url {url!r}: {err}; use {QUEUE_FORMS}")
     if parts.scheme not in ("redis", "rediss", "unix") or not (parts.hostname or parts.path):
         fail(f"--queue-url: {url!r} is not a queue URL; use {QUEUE_FORMS}")
+
+
+@contextmanager
+def metrics_dir() -> Iterator[str]:
+    """The directory where several server processes keep their /metrics counts, so any of
+    them answers with the sum: $PROMETHEUS_MULTIPROC_DIR when set (checked to exist; its
+    counts add to what is there already), else a new one removed when the server stops."""
+    given = os.environ.get(MULTIPROC_ENV)
+    if given:
+        yield given
+        return
+    made = tempfile.mkdtemp(prefix="tuner-metrics-")
+    os.environ[MULTIPROC_ENV] = made
+    try:
+        yield made
+    finally:
+        del os.environ[MULTIPROC_ENV]
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def serve(
@@ -46,6 +79,9 @@ def serve(
     from tuner_server.settings import Settings
 
     url = resolve_url(database_url)
+    shared = os.environ.get(MULTIPROC_ENV)
+    if shared and not os.path.isdir(shared):
+        fail(f"{MULTIPROC_ENV}={shared!r} is not a directory; create it or unset it")
     if workers > 1 and url.startswith("sqlite"):
         fail("--workers: several server processes need PostgreSQL; SQLite has one writer")
     try:
@@ -63,12 +99,16 @@ def serve(
     app.state.queue.ping()  # and the queue: a fleet without its queue would accept jobs
     #                         it cannot dispatch
     if workers == 1:
-        uvicorn.run(app, host=host, port=port, log_level="info")
+        uvicorn.run(app, host=host, port=port, log_level="info",
+                    timeout_keep_alive=KEEP_ALIVE_S)
         return
     # Each process builds its own app from the environment; the scheduler in each takes
-    # PostgreSQL's advisory lock, so one plans at a time.
+    # PostgreSQL's advisory lock, so one plans at a time; their /metrics counts meet in
+    # one directory.
     os.environ["TUNER_DATABASE_URL"] = settings.database_url
     os.environ["TUNER_QUEUE_URL"] = settings.queue_url
     app.state.engine.dispose()
-    uvicorn.run("tuner_server.app:create_app", factory=True, host=host, port=port,
-                workers=workers, log_level="info")
+    with metrics_dir():
+        uvicorn.run("tuner_server.app:create_app", factory=True, host=host, port=port,
+                    workers=workers, log_level="info", timeout_keep_alive=KEEP_ALIVE_S,
+                    timeout_worker_healthcheck=STARTUP_S)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from schemas.api import MAX_ID, ErrorBody
+from tuner_server.services.tokens import MISS
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -39,29 +41,47 @@ class Caller:
 ADMIN = Caller("admin")
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    with request.app.state.sessions() as session:
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """The request's one database session, shared by the token check and the route
+    (FastAPI caches a dependency per request). Made here without I/O: it connects on
+    first use, so a request that needs no database (a cached token refused) costs none.
+    Closed after the response; closing a transaction left open (a read-only route)
+    talks to the database, so that runs in the thread pool."""
+    session = request.app.state.sessions()
+    try:
         yield session
+    finally:
+        if session.in_transaction():
+            await run_in_threadpool(session.close)
+        else:
+            session.close()
 
 
-def _caller(request: Request, creds: HTTPAuthorizationCredentials | None) -> Caller:
+async def _caller(request: Request, creds: HTTPAuthorizationCredentials | None,
+                  session: Session) -> Caller:
+    """Who calls: from the process's token cache, else one look-up in the request's
+    session (in the thread pool: it is I/O)."""
     if not request.app.state.settings.require_auth:
         return ADMIN
     if creds is None:
         raise HTTPException(401, "missing bearer token", {"WWW-Authenticate": "Bearer"})
-    info = request.app.state.tokens.lookup(creds.credentials)
+    tokens = request.app.state.tokens
+    info = tokens.cached(creds.credentials)
+    if info is MISS:
+        info = await run_in_threadpool(tokens.lookup, creds.credentials, session)
     if info is None:
         raise HTTPException(401, "unknown token", {"WWW-Authenticate": "Bearer"})
     return Caller(info.role, info.worker_id)
 
 
-def require(*roles: str) -> Callable[..., Caller]:
+def require(*roles: str) -> Callable[..., Awaitable[Caller]]:
     """Admit callers whose token has one of ``roles`` (admin always passes)."""
     allowed = {"admin", *roles}
 
-    def check(request: Request,
-              creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Caller:
-        caller = _caller(request, creds)
+    async def check(request: Request,
+                    creds: HTTPAuthorizationCredentials | None = Depends(_bearer),
+                    session: Session = Depends(get_session)) -> Caller:
+        caller = await _caller(request, creds, session)
         if caller.role not in allowed:
             raise HTTPException(403, f"a {caller.role} token may not do this "
                                      f"(needs {' or '.join(sorted(allowed))})")
@@ -70,12 +90,12 @@ def require(*roles: str) -> Callable[..., Caller]:
     return check
 
 
-def require_worker_self(request: Request, worker_id: PathId,
-                        creds: HTTPAuthorizationCredentials | None = Depends(_bearer)
-                        ) -> Caller:
+async def require_worker_self(request: Request, worker_id: PathId,
+                              creds: HTTPAuthorizationCredentials | None = Depends(_bearer),
+                              session: Session = Depends(get_session)) -> Caller:
     """Admit the token a registration handed to worker ``worker_id`` (or an admin's):
     a worker speaks only for itself."""
-    caller = _caller(request, creds)
+    caller = await _caller(request, creds, session)
     if caller.role == "admin":
         return caller
     if caller.role != "worker":

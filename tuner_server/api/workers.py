@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from sqlalchemy.orm import Session
 
+from schemas import Target
 from schemas.api import (
     Deregistered,
     HeartbeatAnswer,
@@ -35,6 +36,7 @@ from tuner_server.api.deps import (
     require_worker_self,
 )
 from tuner_server.db.models import WorkerRow
+from tuner_server.queue import queue_matches
 from tuner_server.services import dispatch, fleet
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"], responses=refusals(404, 409))
@@ -94,28 +96,51 @@ def deregister(worker_id: PathId, request: Request, session: Session = Depends(g
 @router.post("/{worker_id}/lease", response_model=LeaseAnswer)
 async def lease(worker_id: PathId, body: LeaseRequest, request: Request,
                 _caller: Caller = Depends(require_worker_self)) -> LeaseAnswer:
+    """Lease up to ``max_trials``; with none queued, wait up to ``wait_s`` for some.
+
+    The wait costs nothing: the lease parks on its queues (``queue.notify``) and tries
+    again only when woken (trials pushed or returned there, in this process or another)
+    or ends empty at its deadline. It parks before each attempt, so a wake landing
+    during the attempt is kept."""
     app = request.app
-    deadline = time.time() + body.wait_s
+    hub = app.state.queue.hub
+    deadline = time.monotonic() + body.wait_s
+    queues = hub.queues_of(worker_id)
     while True:
-        # the database work runs in a thread: the event loop keeps serving others
-        trials = await asyncio.to_thread(_lease_once, app, worker_id, body.max_trials)
-        if trials or time.time() >= deadline:
-            # the worker paces its heartbeats by this
-            return LeaseAnswer(trials=trials,
-                               lease_seconds=app.state.settings.lease_seconds)
-        await asyncio.sleep(min(0.05, max(deadline - time.time(), 0)))
+        waiter = (hub.register(queues, body.max_trials, app.state.sessions)
+                  if queues is not None and body.wait_s > 0 else None)
+        try:
+            # the database work runs in a thread: the event loop keeps serving others
+            trials, queues = await asyncio.to_thread(_lease_once, app, worker_id,
+                                                     body.max_trials)
+            hub.remember(worker_id, queues)
+            left = deadline - time.monotonic()
+            if not trials and left > 0:
+                if waiter is None:  # the worker's first lease here: park, then try again
+                    continue
+                if await waiter.wait(left):
+                    continue  # woken: try again (another may have taken it)
+        finally:
+            if waiter is not None:
+                hub.unregister(waiter)
+        # the worker paces its heartbeats by this
+        return LeaseAnswer(trials=trials, lease_seconds=app.state.settings.lease_seconds)
 
 
-def _lease_once(app: FastAPI, worker_id: int, max_trials: int) -> list[LeasedTrial]:
+def _lease_once(app: FastAPI, worker_id: int, max_trials: int
+                ) -> tuple[list[LeasedTrial], tuple[str, ...]]:
+    """One lease attempt in a session of its own: (trials leased, queues the worker
+    serves)."""
     with app.state.sessions() as session:
         worker = _worker(session, worker_id)
         with _refusals():
             trials, failed = dispatch.lease(session, app.state.queue, worker, max_trials,
                                             app.state.settings.lease_seconds)
+            queues = tuple(queue_matches(Target.parse(worker.target)))  # parsed above
         session.commit()
     app.state.queue.finished(failed)
     app.state.metrics.leased(len(trials))
-    return trials
+    return trials, queues
 
 
 @router.post("/{worker_id}/heartbeat", response_model=HeartbeatAnswer)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import select
 from pathlib import Path
+from typing import Any
 
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
@@ -38,7 +41,44 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # No pre-ping (a round trip on every checkout, i.e. every request): a connection the
+    # server has dropped is found at checkout by a look at its socket instead, and one
+    # that fails anyway is invalidated with the whole pool by SQLAlchemy's disconnect
+    # handling (the request answers 503 and is retried). pool_recycle retires
+    # connections before idle timeouts between here and the server end them silently.
+    engine = create_engine(url, pool_pre_ping=False, pool_recycle=RECYCLE_S, pool_size=10,
+                           max_overflow=20)
+    event.listen(engine, "checkout", _drop_if_closed_by_server)
+    return engine
+
+
+# Seconds a pooled connection is kept before it is replaced (at its next checkout).
+RECYCLE_S = 1800
+
+
+def _drop_if_closed_by_server(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+    """At checkout, refuse a connection whose socket has something to read: an idle
+    PostgreSQL connection is sent nothing unless the server is ending it (a restart, a
+    terminated backend: an error message, then EOF). Refusing raises DisconnectionError,
+    on which the pool connects afresh; a poll of the socket costs microseconds, where a
+    pre-ping costs a round trip."""
+    fileno = getattr(dbapi_conn, "fileno", None)
+    if fileno is None:
+        return
+    try:
+        fd = fileno()
+    except Exception as err:  # noqa: BLE001 - the driver says it is closed already
+        raise DisconnectionError(f"connection unusable: {err}") from err
+    if fd < 0:
+        raise DisconnectionError("connection closed")
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+        readable = bool(poller.poll(0))
+    else:  # Windows: no poll(); select() takes sockets there
+        readable = bool(select.select([fd], [], [], 0)[0])
+    if readable:
+        raise DisconnectionError("the server closed the connection while it was pooled")
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

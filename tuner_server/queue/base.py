@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from schemas import Target
 from schemas.api import TrialStatus
 from tuner_server.db.models import TrialRow
+from tuner_server.queue.notify import Broker, LeaseHub, counts_of
 
 
 def queue_matches(worker_target: Target) -> list[str]:
@@ -32,7 +33,19 @@ class QueueUnavailable(RuntimeError):
 
 
 class DispatchQueue(ABC):
-    """Leases queued trials to workers; expired leases go back to the queue."""
+    """Leases queued trials to workers; expired leases go back to the queue.
+
+    ``hub`` parks this process's waiting leases (``notify.LeaseHub``): ``pushed`` and
+    ``returned`` wake them at once; other processes' pushes reach them through
+    ``broker`` (if the backend has one) and a shared check every ``check_every_s``."""
+
+    def __init__(self, check_every_s: float, broker: Broker | None = None) -> None:
+        self.hub = LeaseHub(check_every_s, broker)
+
+    def _arrived(self, trials: list[TrialRow]) -> None:
+        """Wake this process's waiters for trials now queued (after the commit)."""
+        if trials:
+            self.hub.wake(counts_of(t.queue for t in trials))
 
     def ping(self) -> None:
         """Raise :class:`QueueUnavailable` unless the queue's backend answers."""

@@ -6,21 +6,30 @@ a trial. Tickets of a dead worker are taken over with XAUTOCLAIM once idle past 
 Redis is a hint, the database the truth: a ticket change after a commit that fails (Redis
 down) is logged, not raised, and ``resync`` gives every queued trial without a live
 ticket a new one, including after Redis or the server restarted.
+
+Every new ticket is also announced on one pub/sub channel (``<prefix>:wake``: which
+queues, how many), in the same round trip as the XADDs: each server process's watcher
+wakes its waiting leases from it (``notify``), with a check of the trials table every
+second behind it for a message lost in an outage.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import secrets
 import time
 from typing import Any
 
 import redis
+import redis.asyncio
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from schemas.api import TrialStatus
 from tuner_server.db.models import TrialRow
 from tuner_server.queue.base import DispatchQueue, QueueUnavailable, take_many
+from tuner_server.queue.notify import Counts, Subscription, counts_of
 
 log = logging.getLogger("tuner.queue")
 
@@ -32,6 +41,8 @@ STALE_READ_S = 10.0
 RESYNC_BATCH = 10_000
 # An outage fails every ticket change: one warning per this many seconds says so.
 WARN_EVERY_S = 30.0
+# Waiting leases check the trials table this often, behind the pub/sub wakes.
+CHECK_EVERY_S = 1.0
 
 Ticket = tuple[str, str]  # (stream, entry id)
 
@@ -41,9 +52,46 @@ def _entry_key(entry: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+class _Wakes(Subscription):
+    """The wake channel, read by one process's watcher; its own queue's messages are
+    skipped (those waiters were woken in-process already)."""
+
+    def __init__(self, url: str, channel: str, origin: str) -> None:
+        self._redis = redis.asyncio.Redis.from_url(url, decode_responses=True,
+                                                   socket_connect_timeout=5)
+        self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        self._channel, self._origin = channel, origin
+
+    async def start(self) -> _Wakes:
+        await self._pubsub.subscribe(self._channel)
+        return self
+
+    async def next(self, timeout: float) -> Counts | None:
+        message = await self._pubsub.get_message(timeout=timeout)
+        if message is None:
+            return None
+        try:
+            body = json.loads(message["data"])
+            if body["o"] == self._origin:
+                return None
+            return {str(q): int(n) for q, n in body["q"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None  # not ours: someone else's message on the channel
+
+    async def close(self) -> None:
+        try:
+            await self._pubsub.aclose()
+        finally:
+            await self._redis.aclose()
+
+
 class RedisQueue(DispatchQueue):
     def __init__(self, url: str, prefix: str = "tuner",
-                 stale_read_s: float = STALE_READ_S) -> None:
+                 stale_read_s: float = STALE_READ_S,
+                 check_every_s: float = CHECK_EVERY_S) -> None:
+        super().__init__(check_every_s, self._subscribe)
+        self._url = url
+        self._origin = secrets.token_hex(8)  # this queue object's wakes, skipped by it
         self._redis = redis.Redis.from_url(url, decode_responses=True,
                                            socket_connect_timeout=5, socket_timeout=30)
         self._prefix = prefix
@@ -60,6 +108,13 @@ class RedisQueue(DispatchQueue):
 
     def _stream(self, queue: str) -> str:
         return f"{self._prefix}:q:{queue}"
+
+    @property
+    def _wake_channel(self) -> str:
+        return f"{self._prefix}:wake"
+
+    async def _subscribe(self) -> Subscription:
+        return await _Wakes(self._url, self._wake_channel, self._origin).start()
 
     @property
     def _entries(self) -> str:
@@ -85,7 +140,7 @@ class RedisQueue(DispatchQueue):
                         what, err)
 
     def _add(self, trials: list[tuple[int, str]]) -> None:
-        """A new ticket for each (trial id, queue)."""
+        """A new ticket for each (trial id, queue), announced to every server's waiters."""
         pipe = self._redis.pipeline(transaction=False)
         streams = []
         for trial_id, queue in trials:
@@ -93,7 +148,9 @@ class RedisQueue(DispatchQueue):
             self._ensure_group(stream)
             pipe.xadd(stream, {"trial": trial_id})
             streams.append((trial_id, stream))
-        ids = pipe.execute()
+        counts = counts_of(queue for _trial, queue in trials)
+        pipe.publish(self._wake_channel, json.dumps({"o": self._origin, "q": counts}))
+        ids = pipe.execute()[:-1]
         self._redis.hset(self._entries, mapping={
             str(trial_id): f"{stream} {entry}" for (trial_id, stream), entry in zip(streams, ids)})
 
@@ -103,6 +160,7 @@ class RedisQueue(DispatchQueue):
                 self._add([(t.id, t.queue) for t in trials])
             except redis.RedisError as err:
                 self._hint_failed(f"queueing {len(trials)} new trials", err)
+            self._arrived(trials)  # after the tickets: a woken lease finds them
 
     def returned(self, trials: list[TrialRow]) -> None:
         if trials:
@@ -110,6 +168,7 @@ class RedisQueue(DispatchQueue):
                 self._add([(t.id, t.queue) for t in trials])
             except redis.RedisError as err:
                 self._hint_failed(f"queueing {len(trials)} returned trials", err)
+            self._arrived(trials)
 
     def _drop(self, tickets: list[Ticket]) -> None:
         pipe = self._redis.pipeline(transaction=False)
@@ -238,6 +297,7 @@ class RedisQueue(DispatchQueue):
             self._drop(stale)
         if lost:
             self._add(lost)
+            self.hub.wake(counts_of(queue for _trial, queue in lost))
             log.info("resync: %d queued trials had no live ticket; queued again", len(lost))
         return len(lost)
 

@@ -1,5 +1,6 @@
 """Row leases in the database: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so many API
-replicas can lease at once without handing a trial out twice."""
+replicas can lease at once without handing a trial out twice. Waiting leases of other
+processes learn of new trials from one shared check per process (``notify``)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,17 @@ from tuner_server.db.models import TrialRow
 from tuner_server.queue.base import DispatchQueue, take_many
 
 
+# Another server process's pushes reach this one's waiting leases through the shared
+# check of the trials table (one query for all of them) this often.
+CHECK_EVERY_S = 0.1
+
+
 class SqlQueue(DispatchQueue):
+    def __init__(self, check_every_s: float = CHECK_EVERY_S) -> None:
+        super().__init__(check_every_s)
+
     def pushed(self, trials: list[TrialRow]) -> None:
-        pass  # queued rows are the queue
+        self._arrived(trials)  # queued rows are the queue: only the waiters to wake
 
     def lease(self, session: Session, worker_id: int, queues: list[str], limit: int,
               lease_s: float, now: float) -> list[TrialRow]:
@@ -33,7 +42,7 @@ class SqlQueue(DispatchQueue):
         pass
 
     def returned(self, trials: list[TrialRow]) -> None:
-        pass
+        self._arrived(trials)
 
     def resync(self, session: Session, now: float) -> int:
         return 0  # the queued rows are the queue: nothing to repair

@@ -98,9 +98,16 @@ def revoke_worker_tokens(session: Session, worker_id: int) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
+class _Miss:
+    """What :meth:`TokenCache.cached` answers when it does not know a token."""
+
+
+MISS = _Miss()
+
+
 class TokenCache:
     """Each token's role, remembered for ``ttl`` seconds per server process, so most
-    requests authenticate without a database session. A token revoked elsewhere (`tuner
+    requests authenticate without a database query. A token revoked elsewhere (`tuner
     token revoke`, another server process) stops working within ``ttl``; this process's
     own revocations (a worker registering again, deregistering) call :meth:`forget`."""
 
@@ -112,15 +119,30 @@ class TokenCache:
         self._generation = 0  # bumped by forget: a lookup begun before is not kept
         self._lock = threading.Lock()
 
-    def lookup(self, token: str) -> TokenInfo | None:
+    def cached(self, token: str) -> TokenInfo | None | _Miss:
+        """What the cache knows of ``token`` (None: no such token), without I/O; MISS
+        when it must be looked up."""
+        with self._lock:
+            seen = self._seen.get(_digest(token))
+        if seen is not None and time.monotonic() - seen[0] < self.ttl:
+            return seen[1]
+        return MISS
+
+    def lookup(self, token: str, session: Session | None = None) -> TokenInfo | None:
+        """``token``'s role, from the cache or the database: in ``session`` (a request's),
+        whose transaction it then ends so that a long-poll holds no lock while it waits,
+        else in a short session of its own."""
         digest, now = _digest(token), time.monotonic()
         with self._lock:
             seen, generation = self._seen.get(digest), self._generation
         if seen is not None and now - seen[0] < self.ttl:
             return seen[1]
-        # its own short session: holding a request's open would hold SQLite's lock
-        with self._sessions() as session:
+        if session is None:
+            with self._sessions() as own:
+                info = lookup(own, token)
+        else:
             info = lookup(session, token)
+            session.commit()
         with self._lock:
             if generation == self._generation:  # no revocation since it began
                 if len(self._seen) >= self.MAX_ENTRIES:

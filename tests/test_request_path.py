@@ -1,0 +1,139 @@
+"""The request path (issue 18, point 3): a request opens one database session (the token
+check and the route share it), and PostgreSQL connections are not pre-pinged on
+checkout, yet one the server dropped while it sat in the pool is replaced, not handed
+to a request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from server_fixtures import PG_ADMIN_DSN, make_tokens, migrate, postgres_database
+from sqlalchemy import event, text
+from sqlalchemy.orm import Session
+
+from tuner_server.db.session import make_engine
+
+LIMITS = {"max_threads_per_block": 256, "max_thread_x": 256, "max_thread_y": 256,
+          "max_thread_z": 64, "max_shared_memory_per_block": 49152, "warp_size": 32,
+          "compute_units": 1}
+TARGET = "opencl -model=pocl-cpu"
+DENSE_ARGS: list[Any] = [["TENSOR", [1, 256], "float32"], ["TENSOR", [64, 256], "float32"],
+                         None, "float32"]
+
+
+class Api:
+    """The app under a TestClient, recording which sessions began a transaction."""
+
+    def __init__(self, url: str) -> None:
+        from fastapi.testclient import TestClient
+
+        from tuner_server.app import create_app
+        from tuner_server.settings import Settings
+
+        self.tokens = make_tokens(url)
+        self.app = create_app(Settings(database_url=url, run_scheduler=False))
+        self.client = TestClient(self.app)
+        self.began: list[int] = []  # id() of each session, once per transaction it began
+
+        def began(session: Session, _transaction: Any, _connection: Any) -> None:
+            self.began.append(id(session))
+
+        event.listen(self.app.state.sessions, "after_begin", began)
+
+    def call(self, method: str, path: str, token: str | None,
+             json: Any = None) -> tuple[int, Any, int]:
+        """(status, body, sessions used) of one request, its token not in the cache."""
+        self.app.state.tokens.forget()
+        self.began.clear()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        response = self.client.request(method, path, headers=headers, json=json)
+        return response.status_code, response.json(), len(set(self.began))
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Api]:
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    migrate(url)
+    made = Api(url)
+    try:
+        yield made
+    finally:
+        made.client.close()
+        made.app.state.engine.dispose()
+
+
+def test_each_request_uses_one_session(api: Api) -> None:
+    """The token looked up (the cache forgotten) and the route's work: one session, which
+    began a transaction for each (the token check's ends before the route's)."""
+    client, worker = api.tokens["client"], api.tokens["worker"]
+    job = {"target": TARGET, "tasks": [{"template": "dense_small_batch.gpu",
+                                        "args": DENSE_ARGS}], "n_trial": 4}
+    status, body, used = api.call("POST", "/api/v1/jobs", client, job)
+    assert (status, used) == (201, 1), body
+    assert len(api.began) == 2  # the token's read, then the submission
+    job_id = body["id"]
+    status, body, used = api.call("POST", "/api/v1/workers", worker,
+                                  {"name": "w", "target": TARGET, "limits": LIMITS})
+    assert (status, used) == (201, 1), body
+    own = body["token"]
+    wid = body["id"]
+    for method, path, token, json in [
+            ("GET", "/api/v1/jobs", client, None),
+            ("GET", f"/api/v1/jobs/{job_id}", client, None),
+            ("GET", "/api/v1/workers", client, None),
+            ("POST", f"/api/v1/workers/{wid}/heartbeat", own, {"trial_ids": []}),
+            ("POST", f"/api/v1/workers/{wid}/release", own, {"trial_ids": []}),
+            ("GET", "/api/v1/records", client, None)]:
+        status, body, used = api.call(method, path, token, json)
+        assert (status, used) == (200, 1), (method, path, body)
+    # refused at the token: the one session that looked it up
+    status, _, used = api.call("GET", "/api/v1/jobs", "tun_client_not-a-token-at-all", None)
+    assert (status, used) == (401, 1)
+    status, _, used = api.call("GET", f"/api/v1/jobs/{job_id}", worker, None)
+    assert (status, used) == (403, 1)
+
+
+def test_a_cached_token_costs_no_transaction(api: Api) -> None:
+    """Within the cache's second a refusal by role needs no database at all."""
+    worker = api.tokens["worker"]
+    assert api.call("GET", "/api/v1/jobs", worker)[0] == 403  # looked up, now cached
+    api.began.clear()
+    response = api.client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {worker}"})
+    assert response.status_code == 403
+    assert api.began == []
+
+
+def _backend_pid(engine: Any) -> int:
+    with engine.connect() as conn:
+        return int(conn.scalar(text("SELECT pg_backend_pid()")))
+
+
+def test_a_pooled_connection_the_server_dropped_is_replaced() -> None:
+    """No pre-ping: a healthy pooled connection is handed out again as it is (the same
+    backend), and one whose backend was terminated while it sat in the pool is noticed
+    at checkout and replaced, so the next use succeeds."""
+    with postgres_database() as url:
+        engine = make_engine(url)
+        pings: list[object] = []
+        real_ping = engine.dialect.do_ping
+
+        def ping(dbapi_connection: object) -> bool:
+            pings.append(dbapi_connection)
+            return bool(real_ping(dbapi_connection))
+
+        engine.dialect.do_ping = ping  # type: ignore[method-assign]
+        try:
+            first = _backend_pid(engine)
+            assert _backend_pid(engine) == first  # reused, not reconnected
+            with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s, 5000)", (first,))  # waits
+            second = _backend_pid(engine)  # no OperationalError: replaced at checkout
+            assert second != first
+            assert _backend_pid(engine) == second
+            assert pings == []  # three checkouts, no round trip spent on any
+        finally:
+            engine.dispose()
