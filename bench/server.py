@@ -467,7 +467,7 @@ def many_workloads(n: int) -> list[list[Any]]:
 
 def run_best_batch(base: str, token: str, workloads: list[list[Any]],
                    repeats: int) -> dict[str, Any]:
-    """Seconds of one ``POST /api/v1/records/best`` naming every workload, client-side
+    """Seconds of one records/best request naming every workload, client-side
     (the client's encoding and parsing included), for a model with records (model
     rule) and one without (target-key rule); each the median of ``repeats`` after one
     warm-up."""
