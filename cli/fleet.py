@@ -124,7 +124,8 @@ def workload_text(args: Sequence[Any]) -> str:
 
 
 _STYLES = {JobStatus.DONE: "green", JobStatus.RUNNING: "cyan", JobStatus.QUEUED: "yellow",
-           JobStatus.CANCELLED: "magenta", JobStatus.FAILED: "bold red"}
+           JobStatus.VERIFYING: "blue", JobStatus.CANCELLED: "magenta",
+           JobStatus.FAILED: "bold red"}
 
 
 def _status(status: JobStatus) -> Text:

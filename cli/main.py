@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from typer.core import TyperGroup
 
 from cli import (
+    dashboard,
     db,
     demo,
     devices,
@@ -131,6 +132,7 @@ app.command("codegen")(templates.codegen)
 app.command("measure")(measure.measure)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
+app.command("dashboard")(dashboard.dashboard)
 app.command("tune")(tune.tune)
 app.command("worker")(worker.worker)
 app.command("jobs")(fleet.jobs)

@@ -32,7 +32,7 @@ from schemas.api import DEFAULT_TUNER, JobStatus
 WAITING_WARN_S = 5.0  # a job waiting this long for a worker gets one warning
 # A job field the server may refuse (its 422 names it) -> the flag that sets it.
 FLAGS = {"tuner": "--tuner", "early_stopping": "--early-stopping", "n_trial": "--trials",
-         "plan_size": "--plan-size", "target": "--target"}
+         "plan_size": "--plan-size", "verify_top": "--verify-top", "target": "--target"}
 
 
 class WaitingWarning(api.Callback):
@@ -68,6 +68,10 @@ def tune(
                                                    "without a better config"),
     plan_size: int = typer.Option(16, "--plan-size", min=1, max=4096,
                                   help="configs planned at a time per task"),
+    verify_top: int = typer.Option(3, "--verify-top", min=0, max=64,
+                                   help="at each task's end, measure its this many best "
+                                        "configs and the default again, interleaved; "
+                                        "builds use those costs (0: no verification)"),
     server: str | None = typer.Option(None, "--server", envvar="TUNER_SERVER"),
     token: str | None = typer.Option(None, "--token", envvar="TUNER_TOKEN"),
     database_url: str | None = DATABASE_URL,
@@ -92,14 +96,16 @@ def tune(
         if device is not None:
             fail("--device: chooses the embedded worker's device; a server's workers "
                  "choose their own (drop --device or --server)")
-    workloads = _workloads(model, tgt, template, args, quantize, qconfig)
+    tasks = _tasks(model, tgt, template, args, quantize, qconfig)
+    workloads = [t.workload if isinstance(t, api.Task) else t for t in tasks]
     if server is None:
         url = resolve_url(database_url)
     try:
-        result = api.tune(workloads, tgt, n_trial=trials, tuner=tuner,
+        result = api.tune(tasks, tgt, n_trial=trials, tuner=tuner,
                           early_stopping=early_stopping, server=server, token=token,
                           database_url=url, plan_size=plan_size, measure=measure,
-                          device=device,
+                          device=device, model_name=model.name if model else None,
+                          verify_top=verify_top,
                           callbacks=[api.callbacks.progress_bar(), WaitingWarning()])
     except api.NoLocalDevice as err:
         named = f"--{err}" if str(err).startswith("device") else str(err)  # --device's
@@ -131,9 +137,10 @@ def tune(
         raise typer.Exit(1)
 
 
-def _workloads(model: Path | None, target: Target, template: str | None,
-               args: str | None, quantize: bool = False,
-               qconfig: list[str] | None = None) -> list[Workload]:
+def _tasks(model: Path | None, target: Target, template: str | None,
+           args: str | None, quantize: bool = False,
+           qconfig: list[str] | None = None) -> list[api.Task] | list[Workload]:
+    """MODEL's tasks (with the layers each serves), or the one workload named."""
     if model is not None:
         if template or args:
             fail("give MODEL or --template/--args, not both")
@@ -144,7 +151,7 @@ def _workloads(model: Path | None, target: Target, template: str | None,
         if not tasks:
             fail(f"{model}: no conv2d or dense layer to tune", code=1)
         typer.echo(f"{model.name}: {len(tasks)} tasks")
-        return [t.workload for t in tasks]
+        return tasks
     if template is None or args is None:
         fail("give MODEL, or --template and --args for one workload")
     if quantize or qconfig:

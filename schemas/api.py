@@ -36,6 +36,10 @@ DEFAULT_TUNER = "lgbm"
 MAX_BEST_WORKLOADS = 1000
 # POST /records/import names at most this many refused lines (``refused`` counts all).
 MAX_REPORTED_ERRORS = 100
+# A model job's names: the model (jobs.model is VARCHAR(255)) and each layer.
+MAX_MODEL_CHARS = 255
+MAX_LAYER_CHARS = 255
+MAX_TASK_LAYERS = 10_000
 
 
 # --------------------------------------------------------------------------- states
@@ -45,6 +49,9 @@ class JobStatus(StrEnum):
 
     QUEUED = "queued"  # submitted, nothing planned yet
     RUNNING = "running"  # trials planned
+    # a task only (its job stays running): the search ended and its best configs and
+    # the template's default are measured again side by side (verify_top)
+    VERIFYING = "verifying"
     DONE = "done"  # every task reached its budget or stopped early
     CANCELLED = "cancelled"
     FAILED = "failed"  # every trial of a task failed (``error`` says why)
@@ -60,7 +67,8 @@ TaskStatus = JobStatus
 
 FINAL: frozenset[JobStatus] = frozenset(
     {JobStatus.DONE, JobStatus.CANCELLED, JobStatus.FAILED})
-ACTIVE: frozenset[JobStatus] = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
+ACTIVE: frozenset[JobStatus] = frozenset(
+    {JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.VERIFYING})
 
 
 class TrialStatus(StrEnum):
@@ -95,6 +103,44 @@ class JobRequest(BaseModel):
     early_stopping: int | None = Field(None, ge=1, le=MAX_ID)
     plan_size: int = Field(16, ge=1, le=4096)
     measure: MeasureOptions = MeasureOptions()
+    model: str | None = Field(None, min_length=1, max_length=MAX_MODEL_CHARS,
+                              description="the model the tasks come from (its file name), "
+                                          "for the dashboard's model view")
+    layers: list[list[str]] | None = Field(
+        None, description="per task, the names of the model's layers it serves (as many "
+                          "lists as tasks); a task's layer count weighs it in the model's "
+                          "estimated latency")
+
+    @field_validator("model")
+    @classmethod
+    def _model_text(cls, value: str | None) -> str | None:
+        return value if value is None else check_text(value, "model")
+
+    @field_validator("layers")
+    @classmethod
+    def _layer_names(cls, value: list[list[str]] | None, info: ValidationInfo
+                     ) -> list[list[str]] | None:
+        if value is None:
+            return None
+        tasks = info.data.get("tasks")
+        if tasks is not None and len(value) != len(tasks):
+            raise ValueError(f"{len(value)} lists for {len(tasks)} tasks; give one list "
+                             f"of layer names per task")
+        for i, names in enumerate(value):
+            if not 1 <= len(names) <= MAX_TASK_LAYERS:
+                raise ValueError(f"[{i}]: a task serves 1 to {MAX_TASK_LAYERS} layers, "
+                                 f"not {len(names)}")
+            for k, name in enumerate(names):
+                if not 1 <= len(name) <= MAX_LAYER_CHARS:
+                    raise ValueError(f"[{i}][{k}]: a layer name has 1 to {MAX_LAYER_CHARS} "
+                                     f"characters")
+                check_text(name, f"layers[{i}][{k}]")
+        return value
+    verify_top: int = Field(
+        3, ge=0, le=64,
+        description="when a task's search ends, its this many best configs and the "
+                    "template's default are measured again, interleaved, and the build "
+                    "ranks them by those verified costs; 0: no verification")
 
 
 class JobCreated(BaseModel):
@@ -122,6 +168,8 @@ class TaskView(BaseModel):
     error: str | None
     curve: list[CurvePoint] | None = Field(
         None, description="improvements in order; only where the job was asked with curves")
+    layers: list[str] | None = Field(
+        None, description="the model's layers this task serves (a job from a model)")
 
 
 class JobView(BaseModel):
@@ -144,6 +192,71 @@ class JobView(BaseModel):
     waiting_for_worker: bool
     note: str | None = Field(description="what to do when it waits for a worker")
     tasks: list[TaskView]
+    model: str | None = Field(None, description="the model the tasks come from, if any")
+
+
+class ModelTask(BaseModel):
+    """One task of a job as the model view's table shows it: the layers it serves, its
+    default config's cost against its best, and its share of the model's latency."""
+
+    id: int
+    template: str
+    args: list[Any]
+    status: TaskStatus
+    layers: list[str] = Field(description="the layers it serves; empty when unknown")
+    layer_count: int = Field(description="how many layers run its kernel (1 when unknown)")
+    trials_done: int
+    n_trial: int
+    default_cost: float | None = Field(
+        description="mean seconds of the template's default config (what an untuned build "
+                    "runs); null until measured, or when it failed")
+    default_gflops: float | None
+    best_cost: float | None = Field(description="the cheapest working trial's mean seconds")
+    best_gflops: float | None
+    speedup: float | None = Field(description="default_cost / best_cost")
+    errors: int = Field(description="trials that failed")
+    error_counts: dict[str, int] = Field(description="error_no -> failed trials")
+    share: float | None = Field(
+        description="best_cost x layer_count over the sum of that over the measured tasks")
+    curve: list[CurvePoint] = Field(description="the task's improvements, for a sparkline")
+
+
+class LatencyPoint(BaseModel):
+    """The model's estimated latency from the moment it changed."""
+
+    at_s: float = Field(description="seconds since the job was submitted")
+    trial: int = Field(description="results stored in the job by then")
+    latency_s: float = Field(description="sum over tasks of best cost x layer count")
+
+
+class ModelView(BaseModel):
+    """``GET /jobs/{id}/model``: a job as a model's tuning. The estimate is defined once
+    every task has a working trial; the default build's once every default config is
+    measured."""
+
+    job_id: int
+    model: str | None
+    target: str
+    status: JobStatus
+    elapsed_s: float = Field(description="seconds from submission to now, or to the last "
+                                         "result once the job ended")
+    trials_done: int = Field(description="results stored in the job")
+    tasks_measured: int = Field(description="tasks with a working trial")
+    latency_s: float | None = Field(description="the estimate now; null until every task "
+                                                "has a working trial")
+    default_latency_s: float | None = Field(
+        description="the default build's estimate; null until every default is measured")
+    speedup: float | None
+    error_counts: dict[str, int] = Field(description="error_no -> failed trials, job-wide")
+    curve: list[LatencyPoint]
+    tasks: list[ModelTask] = Field(description="by share of the latency, largest first")
+
+
+class DashboardInfo(BaseModel):
+    """``GET /dashboard``: how the page behaves on this server."""
+
+    token_required: bool
+    read_only: bool
 
 
 class JobCancelled(BaseModel):

@@ -352,6 +352,7 @@ DASHBOARD_ENDPOINTS = [
     ("GET", "/api/v1/jobs"),
     ("GET", "/api/v1/jobs/{job}"),
     ("GET", "/api/v1/jobs/{job}/tasks/{task}/trials"),
+    ("GET", "/api/v1/jobs/{job}/model"),
     ("GET", "/api/v1/records/search"),
     ("GET", "/api/v1/logs/cuda"),
     ("POST", "/api/v1/jobs/{job}/cancel"),
@@ -436,6 +437,240 @@ def test_migration_adds_the_dashboard_indexes(make_api: Callable[[], Api]) -> No
     assert trials["ix_trials_worker"] == ["worker_id", "status"]
     assert records["ix_records_created_at"] == ["created_at"]
     assert "device" in {c["name"] for c in inspector.get_columns("workers")}
+
+
+# --------------------------------------------------------------------------------------
+# The model view: a job from a model (its name, each task's layers)
+
+DENSE2_ARGS: list[Any] = [["TENSOR", [1, 128], "float32"], ["TENSOR", [64, 128], "float32"],
+                          None, "float32"]
+
+
+def submit_model(api: Api, n_trial: int = 4, **extra: Any) -> Any:
+    body = {"target": FAKE_TARGET, "n_trial": n_trial, "plan_size": 4, "measure": FAST,
+            "tasks": [{"template": DENSE, "args": DENSE_ARGS},
+                      {"template": DENSE, "args": DENSE2_ARGS}],
+            "model": "net.onnx", "layers": [["fc1", "fc3"], ["fc2"]], **extra}
+    return api.call("POST", "/api/v1/jobs", json=body)
+
+
+def test_model_view_estimates_the_models_latency(make_api: Callable[[], Api]) -> None:
+    """Per task: its layers and count, the default config's cost (the first planned),
+    the best, speed-up, failures, share of sum(best x layers); tasks by share; the
+    estimate once both tasks have a working trial, falling with each improvement, the
+    default build's from the defaults; the job view names the model and layers."""
+    api = make_api()
+    job = int(submit_model(api).json()["id"])
+    api.run_pass()
+    worker = api.register("gpu-box:opencl:0")
+    leased = api.lease(worker, 8)
+    assert len(leased) == 8
+    with Session(api.db) as session:
+        rows = session.execute(select(TrialRow.id, TrialRow.task_id, TrialRow.config_index)
+                               .where(TrialRow.id.in_(leased)).order_by(TrialRow.id)).all()
+        tasks = list(session.scalars(select(TaskRow.id).where(TaskRow.job_id == job)
+                                     .order_by(TaskRow.id)))
+    a, b = [[r for r in rows if r.task_id == t] for t in tasks]
+    defaults = [get_template(DENSE).default_config(Workload(template=DENSE, args=args)).index
+                for args in (DENSE_ARGS, DENSE2_ARGS)]
+    assert a[0].config_index == defaults[0] and b[0].config_index == defaults[1]
+    # (trial, cost or None, error_no) in the order reported: A's default, B's default, ...
+    plan = [(a[0], 4e-5, 0), (b[0], 2e-5, 0), (a[1], None, 3), (a[2], 3e-5, 0),
+            (b[1], 1e-5, 0), (a[3], 1e-5, 0), (b[2], 3e-5, 0), (b[3], None, 5)]
+    for trial, cost, error_no in plan:
+        api.report(worker, trial.id, result(cost, error_no))
+    view = api.ok("GET", f"/api/v1/jobs/{job}/model")
+    assert (view["model"], view["trials_done"], view["tasks_measured"]) == ("net.onnx", 8, 2)
+    latency = 1e-5 * 2 + 1e-5 * 1
+    assert view["latency_s"] == pytest.approx(latency)
+    assert view["default_latency_s"] == pytest.approx(4e-5 * 2 + 2e-5)
+    assert view["speedup"] == pytest.approx((4e-5 * 2 + 2e-5) / latency)
+    assert view["error_counts"] == {"3": 1, "5": 1}
+    first, second = view["tasks"]
+    assert [first["id"], second["id"]] == tasks  # A: 2 layers, the larger share
+    assert first["layers"] == ["fc1", "fc3"] and first["layer_count"] == 2
+    assert second["layers"] == ["fc2"] and second["layer_count"] == 1
+    assert first["default_cost"] == pytest.approx(4e-5)
+    assert first["best_cost"] == pytest.approx(1e-5)
+    assert first["speedup"] == pytest.approx(4.0)
+    assert first["best_gflops"] == pytest.approx(DENSE_FLOPS / 1e-5 / 1e9)
+    assert (first["errors"], first["error_counts"]) == (1, {"3": 1})
+    assert (second["errors"], second["error_counts"]) == (1, {"5": 1})
+    assert first["share"] == pytest.approx(2 / 3) and second["share"] == pytest.approx(1 / 3)
+    assert [p["trial"] for p in first["curve"]] == [1, 3, 4]  # the task's own trial numbers
+    # the estimate from report 2 (both tasks working) at each change of it
+    assert [p["trial"] for p in view["curve"]] == [2, 4, 5, 6]
+    assert [p["latency_s"] for p in view["curve"]] == pytest.approx(
+        [4e-5 * 2 + 2e-5, 3e-5 * 2 + 2e-5, 3e-5 * 2 + 1e-5, 1e-5 * 2 + 1e-5])
+    times = [p["at_s"] for p in view["curve"]]
+    assert times == sorted(times) and all(t >= 0 for t in times)
+    assert view["elapsed_s"] >= times[-1]
+    shown = api.ok("GET", f"/api/v1/jobs/{job}")
+    assert shown["model"] == "net.onnx"
+    assert [t["layers"] for t in shown["tasks"]] == [["fc1", "fc3"], ["fc2"]]
+    assert api.call("GET", "/api/v1/jobs/999/model").status_code == 404
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_model_view_before_every_task_works(make_api: Callable[[], Api]) -> None:
+    """Until every task has a working trial there is no estimate, no curve and no share
+    over the ones missing; a job of tasks without layers counts each as one layer."""
+    api = make_api()
+    job = api.submit(n_trial=4, plan_size=4)
+    view = api.ok("GET", f"/api/v1/jobs/{job}/model")
+    assert view["model"] is None and view["curve"] == [] and view["latency_s"] is None
+    [task] = view["tasks"]
+    assert (task["layers"], task["layer_count"], task["share"]) == ([], 1, None)
+    other = int(submit_model(api).json()["id"])
+    api.run_pass()
+    worker = api.register("gpu-box:opencl:0")
+    leased = api.lease(worker, 12)
+    with Session(api.db) as session:
+        first = session.scalars(select(TrialRow.id).join(TaskRow).where(
+            TaskRow.job_id == other).order_by(TrialRow.id)).first()
+    assert first in leased
+    api.report(worker, first, result(2e-5))
+    view = api.ok("GET", f"/api/v1/jobs/{other}/model")
+    assert (view["tasks_measured"], view["latency_s"], view["curve"]) == (1, None, [])
+    assert view["default_latency_s"] is None
+    measured, missing = view["tasks"]
+    assert measured["best_cost"] == pytest.approx(2e-5) and missing["best_cost"] is None
+    assert missing["share"] is None
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+@pytest.mark.parametrize("change,field", [
+    ({"layers": [["fc1"]]}, "layers"),
+    ({"layers": [["fc1"], []]}, "layers"),
+    ({"layers": [["fc1"], ["x" * 256]]}, "layers"),
+    ({"layers": [["fc1"], ["a\x00b"]]}, "layers"),
+    ({"model": ""}, "model"),
+    ({"model": "m" * 256}, "model"),
+])
+def test_model_job_fields_are_checked(make_api: Callable[[], Api], change: dict[str, Any],
+                                      field: str) -> None:
+    api = make_api()
+    answer = submit_model(api, **change)
+    assert answer.status_code == 422, answer.text
+    assert field in answer.json()["detail"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_dashboard_info_and_the_read_only_local_dashboard(make_api: Callable[[], Api],
+                                                          tmp_path: Path) -> None:
+    """The fleet's server asks for a token; `tuner dashboard`'s app over the same
+    database answers reads without one and refuses every write (405, one line)."""
+    from fastapi.testclient import TestClient
+
+    from tuner_server.local_dashboard import create_dashboard_app
+
+    api = make_api()
+    job = int(submit_model(api).json()["id"])
+    assert api.ok("GET", "/api/v1/dashboard", role=None) == {"token_required": True,
+                                                              "read_only": False}
+    app = create_dashboard_app(str(api.db.url))
+    try:
+        local = TestClient(app)
+        assert local.get("/api/v1/dashboard").json() == {"token_required": False,
+                                                         "read_only": True}
+        assert local.get("/api/v1/jobs").json()[0]["model"] == "net.onnx"
+        assert local.get(f"/api/v1/jobs/{job}/model").status_code == 200
+        assert local.get("/").status_code == 200
+        for method, path in (("POST", f"/api/v1/jobs/{job}/cancel"), ("POST", "/api/v1/jobs"),
+                             ("POST", "/api/v1/workers"), ("DELETE", "/api/v1/workers/1"),
+                             ("POST", "/api/v1/records/import")):
+            answer = local.request(method, path, json={})
+            assert answer.status_code == 405, (method, path, answer.text)
+            assert "read-only" in answer.json()["detail"]
+        assert api.ok("GET", f"/api/v1/jobs/{job}")["status"] == "queued"  # not cancelled
+    finally:
+        app.state.engine.dispose()
+
+
+def test_token_in_a_query_is_kept_out_of_the_access_log() -> None:
+    """An old /?token= link's token is written as token=*** in uvicorn's access log."""
+    import logging
+
+    from tuner_server.api.dashboard import TokenRedactor, redact_token
+
+    assert redact_token("/?token=tun_client_abc#x") == "/?token=***#x"
+    assert redact_token("/x?a=1&token=s3cret&b=2") == "/x?a=1&token=***&b=2"
+    assert redact_token("/api/v1/jobs?limit=5") == "/api/v1/jobs?limit=5"
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1,
+                               '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5", "GET", "/?token=tun_client_abc", "1.1", 200), None)
+    assert TokenRedactor().filter(record)
+    assert "tun_client_abc" not in record.getMessage() and "token=***" in record.getMessage()
+
+
+def test_imported_records_of_templates_not_here_get_gflops() -> None:
+    """TopHub's conv2d/conv1d transpose and batch_matmul records: FLOPs from their
+    arguments (the multiply-adds that touch the input), so the search shows GFLOP/s."""
+    from tuner_server.services.records import workload_flops
+
+    conv_t = [["TENSOR", [1, 512, 1, 128], "float32"], ["TENSOR", [512, 1, 1, 512], "float32",
+              [0, 0]], [1, 128], [0, 256, 0, 256], "float32"]
+    assert workload_flops("conv2d_transpose_nchw.cuda", conv_t) == 2 * 512 * 128 * 1 * 512
+    conv1d_t = [["TENSOR", [1, 257, 128], "float32"], ["TENSOR", [257, 1, 512], "float32"],
+                [128], [256], "float32", [0]]
+    assert workload_flops("conv1d_transpose_nchw.cuda", conv1d_t) == 2 * 257 * 128 * 512
+    bmm = [["TENSOR", [4, 128, 20], "float32"], ["TENSOR", [4, 64, 20], "float32"]]
+    assert workload_flops("batch_matmul.cuda", bmm) == 2 * 4 * 128 * 64 * 20
+    assert workload_flops("batch_matmul.cuda", [["TENSOR", [4, 128, 20], "float32"]]) is None
+    assert workload_flops("batch_matmul.cuda", [bmm[0], ["TENSOR", [4, 64, 21], "float32"]]
+                          ) is None
+    assert workload_flops("conv3d_ncdhw.cuda", conv_t) is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_upgrade_to_model_jobs_keeps_stored_jobs(backend: str, tmp_path: Path) -> None:
+    """Migration 0006_model over a database at 0005 with a job: the job and its task
+    stay, without a model or layers (the dashboard counts such a task as one layer);
+    new jobs store both."""
+    import sqlalchemy as sa
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
+    import migrations
+    from tuner_server.db.session import make_engine
+
+    def alembic(url: str, revision: str) -> None:
+        cfg = AlembicConfig()
+        cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+        engine = make_engine(url)
+        try:
+            with engine.begin() as conn:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
+        finally:
+            engine.dispose()
+
+    with empty_database(backend, tmp_path) as url:
+        alembic(url, "0005")
+        engine = create_engine(url, poolclass=NullPool)
+        try:
+            with engine.begin() as conn:
+                conn.execute(sa.text(
+                    "INSERT INTO jobs (target, status, tuner, n_trial, plan_size, measure, "
+                    "created_at) VALUES ('cuda', 'done', 'random', 4, 4, '{}', :at)"),
+                    {"at": datetime.now(timezone.utc)})
+                conn.execute(sa.text(
+                    "INSERT INTO tasks (job_id, template, args, status, trials_planned, "
+                    "trials_done) VALUES (1, :t, '[]', 'done', 4, 4)"), {"t": DENSE})
+            alembic(url, "head")
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT model FROM jobs")).all() == [(None,)]
+                assert conn.execute(sa.text("SELECT layers FROM tasks")).all() == [(None,)]
+            columns = {c["name"] for c in inspect(engine).get_columns("tasks")}
+            assert "layers" in columns
+            with Session(engine) as session, session.begin():
+                session.add(JobRow(target="cuda", status="queued", tuner="random", n_trial=1,
+                                   plan_size=1, measure={}, model="net.onnx"))
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT model FROM jobs ORDER BY id")).all() == [
+                    (None,), ("net.onnx",)]
+        finally:
+            engine.dispose()
 
 
 # --------------------------------------------------------------------------------------

@@ -125,7 +125,8 @@ def fleet(poison_fleet: Fleet) -> Fleet:
 
 def good_job(target: str, n_trial: int = 4) -> dict[str, Any]:
     return {"target": target, "tasks": [{"template": DENSE, "args": DENSE_ARGS}],
-            "n_trial": n_trial, "tuner": "random", "plan_size": n_trial, "measure": FAST}
+            "n_trial": n_trial, "tuner": "random", "plan_size": n_trial, "measure": FAST,
+            "verify_top": 0}  # exact trial counts
 
 
 def insert_job(fleet: Fleet, target: str, measure: dict[str, Any], n_trial: int = 2) -> int:

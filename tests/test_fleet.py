@@ -79,7 +79,8 @@ def job_body(template: str = DENSE, args: list[Any] | None = None, n_trial: int 
     """A POST /api/v1/jobs body for one task, timed as cheaply as possible."""
     return {"target": target or FAKE_TARGET,
             "tasks": [{"template": template, "args": DENSE_ARGS if args is None else args}],
-            "n_trial": n_trial, "measure": FAST, **extra}
+            "n_trial": n_trial, "measure": FAST,
+            "verify_top": 0, **extra}  # exact trial counts: tests/test_verify.py verifies
 
 
 def good_result(cost: float = 2e-5) -> dict[str, Any]:
@@ -299,7 +300,8 @@ def test_embedded_tune_end_to_end(tmp_path: Path) -> None:
     proc = subprocess.run(
         [str(TUNER), "tune", "--database-url", url, "--target", str(TARGET),
          "--template", DENSE, "--args", json.dumps(DENSE_ARGS), "--trials", "6",
-         "--number", "1", "--repeat", "1", "--min-repeat-ms", "0", "--device", "opencl:0"],
+         "--number", "1", "--repeat", "1", "--min-repeat-ms", "0", "--device", "opencl:0",
+         "--verify-top", "0"],  # stores exactly its 6 trials
         check=False, capture_output=True, text=True, timeout=150,
         env=_clean_env({"XDG_DATA_HOME": str(tmp_path / "xdg")}))
     assert proc.returncode == 0, proc.stdout + proc.stderr

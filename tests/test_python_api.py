@@ -181,7 +181,9 @@ def test_readme_server_script(fleet: tuner.Client, workdir: Path) -> None:
         workdir / "fleet.log").read_text().splitlines()
     served = fleet.best(TARGET, [workload])[0]
     assert served.record is not None and result.best[0] is not None
-    assert served.record == result.best[0].to_json()
+    # the server's best is the job's verified winner: one of the configs it searched
+    assert tuner.Record.from_json(served.record).config in {
+        t.record.config for t in replay if t.record}
     assert "this device 1, other device 0, default 0" in module.report()
     x = ns["module"].random_inputs()[0]  # the same seeded data the script ran on
     np.testing.assert_allclose(ns["y"], reference(x), rtol=1e-4, atol=1e-5)
@@ -206,7 +208,7 @@ def test_callbacks_see_every_trial_with_its_record(workdir: Path) -> None:
 
     workload = tuner.extract_tasks("model.onnx", TARGET)[0].workload
     result = tuner.tune(workload, TARGET, n_trial=5, tuner="random", measure=FAST,
-                        callbacks=[Spy(), seen.append])
+                        callbacks=[Spy(), seen.append], verify_top=0)
     assert events[0] == "start" and events[-1] == "end done" and "update" in events
     assert [t.number for t in seen] == [1, 2, 3, 4, 5]
     assert all(t.record is not None and t.record.workload == workload for t in seen)
@@ -340,8 +342,8 @@ def test_follow_hands_each_trial_its_own_record(live: LiveServer) -> None:
     trial (the server joins trial to record), never the other job's."""
     worker = FakeWorker(live, cost=lambda index: 1e-3, fail=lambda n: n % 3 == 0)
     with tuner.Client(live.url, live.tokens["client"]) as client:
-        mine = client.submit([DENSE], TARGET, n_trial=4, tuner="random")
-        other = client.submit([DENSE], TARGET, n_trial=4, tuner="random")
+        mine = client.submit([DENSE], TARGET, n_trial=4, tuner="random", verify_top=0)
+        other = client.submit([DENSE], TARGET, n_trial=4, tuner="random", verify_top=0)
         while worker.measure(8, reverse=True):
             pass
         seen: list[tuner.Trial] = []

@@ -473,10 +473,12 @@ def test_first_problem_is_loc_and_message() -> None:
 def test_states_are_the_strings_stored_and_sent() -> None:
     from schemas.api import ACTIVE, FINAL, JobStatus, TaskStatus, TrialStatus
 
-    assert [s.value for s in JobStatus] == ["queued", "running", "done", "cancelled", "failed"]
+    assert [s.value for s in JobStatus] == ["queued", "running", "verifying", "done",
+                                            "cancelled", "failed"]
     assert TaskStatus is JobStatus  # a task lives a job's states: one final set
     assert [s.value for s in TrialStatus] == ["queued", "leased", "done", "cancelled"]
-    assert FINAL == {"done", "cancelled", "failed"} and ACTIVE == {"queued", "running"}
+    assert FINAL == {"done", "cancelled", "failed"}
+    assert ACTIVE == {"queued", "running", "verifying"}
     assert {s for s in JobStatus if s.final} == FINAL and not FINAL & ACTIVE
     assert "done" in FINAL and JobStatus("failed").final and not JobStatus.RUNNING.final
     assert json.dumps({"status": JobStatus.DONE}) == '{"status": "done"}'

@@ -93,13 +93,19 @@ class Client:
     def submit(self, workloads: Sequence[Workload], target: str | Target, *,
                n_trial: int = 64, tuner: str | None = None,
                early_stopping: int | None = None, plan_size: int = 16,
-               measure: MeasureOptions | None = None) -> int:
-        """Submit one job tuning ``workloads`` on ``target``; its id."""
-        chosen = {"tuner": tuner, "measure": measure}  # None: the contract's default
+               measure: MeasureOptions | None = None, model: str | None = None,
+               layers: Sequence[Sequence[str]] | None = None,
+               verify_top: int | None = None) -> int:
+        """Submit one job tuning ``workloads`` on ``target``; its id. ``model`` (its
+        name) and ``layers`` (per workload, the layers it serves) make it a model's job,
+        shown as one in the dashboard; ``verify_top``: best configs of each task measured
+        again at its end (None: the server's default, 0: none)."""
+        chosen = {"tuner": tuner, "measure": measure, "model": model, "verify_top": verify_top,
+                  "layers": [list(names) for names in layers] if layers is not None else None}
         body = JobRequest.model_validate({
             "target": Target.parse(str(target)), "tasks": list(workloads), "n_trial": n_trial,
             "early_stopping": early_stopping, "plan_size": plan_size,
-            **{k: v for k, v in chosen.items() if v is not None}})
+            **{k: v for k, v in chosen.items() if v is not None}})  # None: the default
         with self._answering("jobs"):
             return self.api.submit_job(body)
 

@@ -63,8 +63,8 @@ class DatabaseSource(RecordSource):
         try:
             check_schema(engine, self.url)
             with session_factory(engine)() as session:
-                return [Candidate(record, origin, measured)
-                        for record, measured in stored_of(session, workloads)]
+                return [Candidate(record, origin, measured, verified)
+                        for record, measured, verified in stored_of(session, workloads)]
         except SchemaError as err:
             raise RecordsError(str(err)) from None
         except SQLAlchemyError as err:

@@ -84,7 +84,8 @@ def tune(model_or_tasks: Tasks, target: str | Target, n_trial: int = 64,
          database_url: str | None = None,
          callbacks: Sequence[Callback | Callable[[Trial], object]] = (), *,
          plan_size: int = 16, measure: MeasureOptions = DEFAULT_MEASURE,
-         device: str | None = None) -> TuneResult:
+         device: str | None = None, model_name: str | None = None,
+         verify_top: int | None = None) -> TuneResult:
     """Tune every conv2d/dense task of a model (an .onnx path, an onnx model or a
     graph), or the given tasks (``tuner.extract_tasks``' values or workloads), as one
     job of ``n_trial`` trials per task.
@@ -96,9 +97,16 @@ def tune(model_or_tasks: Tasks, target: str | Target, n_trial: int = 64,
     :class:`Client`) the job runs on that server's fleet. A value the server refuses
     (an unknown ``tuner``) raises :class:`tuner.InvalidRequest` naming it. Ctrl-C
     cancels the job (:class:`TuneInterrupted`); a job that ends failed or cancelled is
-    returned, not raised (see ``TuneResult.ok``)."""
+    returned, not raised (see ``TuneResult.ok``). ``verify_top``: when a task's search
+    ends, this many of its best configs and the default are measured again, interleaved,
+    and builds rank them by those costs (None: the server's default, 3; 0: none).
+
+    A job from a model (or from ``tuner.extract_tasks``' tasks) remembers the model's
+    name (``model_name``, else the file's) and each task's layers, so the dashboard
+    shows it as that model's tuning."""
     tgt = target if isinstance(target, Target) else Target.parse(target)
-    workloads = _workloads(model_or_tasks, tgt)
+    workloads, layers = _workloads(model_or_tasks, tgt)
+    model_name = model_name or _model_name(model_or_tasks)
     if server is not None and device is not None:
         raise ValueError("device: chooses the embedded worker's device; a server's workers "
                          "choose their own")
@@ -117,7 +125,8 @@ def tune(model_or_tasks: Tasks, target: str | Target, n_trial: int = 64,
             client = server if isinstance(server, Client) else Client(server, token, timeout=60)
         job_id = client.submit(workloads, tgt, n_trial=n_trial, tuner=tuner,
                                early_stopping=early_stopping, plan_size=plan_size,
-                               measure=measure)
+                               measure=measure, model=model_name, layers=layers,
+                               verify_top=verify_top)
         best = _BestOfJob(len(workloads))
         try:
             job = client.follow(job_id, [*callbacks, best],
@@ -158,7 +167,19 @@ def _cancel(client: Client | None, job_id: int | None) -> str:
             f"job {job_id} had already ended ({status})")
 
 
-def _workloads(model_or_tasks: Tasks, target: Target) -> list[Workload]:
+def _model_name(model_or_tasks: Tasks) -> str | None:
+    """The name a model's job is shown under: its file's name, else the ONNX graph's."""
+    if isinstance(model_or_tasks, str | Path):
+        return Path(model_or_tasks).name
+    graph = getattr(model_or_tasks, "graph", None)  # an onnx ModelProto
+    name = getattr(graph, "name", None)
+    return name if isinstance(name, str) and name else None
+
+
+def _workloads(model_or_tasks: Tasks, target: Target
+               ) -> tuple[list[Workload], list[list[str]] | None]:
+    """The workloads to tune and, where every one is a model's task with layers, the
+    layers each serves (else None)."""
     items: Sequence[Any]
     if isinstance(model_or_tasks, Task | Workload):
         items = [model_or_tasks]
@@ -172,4 +193,6 @@ def _workloads(model_or_tasks: Tasks, target: Target) -> list[Workload]:
     if not workloads or not all(isinstance(w, Workload) for w in workloads):
         raise ValueError("model_or_tasks: give a model, or tasks (tuner.extract_tasks' "
                          "values or schemas.Workload)")
-    return [w for w in workloads if isinstance(w, Workload)]
+    layers = ([list(t.layers) for t in items]
+              if all(isinstance(t, Task) and t.layers for t in items) else None)
+    return [w for w in workloads if isinstance(w, Workload)], layers

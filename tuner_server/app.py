@@ -25,13 +25,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas.api import Health, Readiness
 from schemas.text import describe, one_line
+from tuner_server.api import dashboard as dashboard_api
 from tuner_server.api import jobs, records, workers
 from tuner_server.db.models import RecordRow
 from tuner_server.db.session import check_schema, make_engine, session_factory
 from tuner_server.middleware import MAX_DETAIL_CHARS, Guard, outage_reason
 from tuner_server.queue import QueueUnavailable, make_queue
 from tuner_server.services.dispatch import workers_alive
-from tuner_server.services.metrics import Metrics
+from tuner_server.services.metrics import METRICS_CONTENT_TYPE, Metrics
 from tuner_server.services.scheduler import PassStats, Scheduler
 from tuner_server.services.tokens import TokenCache, ensure_token
 from tuner_server.settings import Settings
@@ -96,6 +97,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.queue = queue
     app.state.metrics = metrics
     app.state.scheduler = scheduler
+    app.state.read_only = False  # the local dashboard's app (tuner dashboard) sets it
+    app.include_router(dashboard_api.router)
     app.include_router(jobs.router)
     app.include_router(workers.router)
     app.include_router(records.router)
@@ -120,32 +123,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return await http_exception_handler(request, exc)
 
     # The dashboard: the page and its assets carry no data, so they need no token; the
-    # API calls it makes do.
+    # API calls it makes do. A token an old /?token= link carries stays out of the log.
+    dashboard_api.redact_access_log()
     app.mount("/static", StaticFiles(directory=DASHBOARD_DIR), name="static")
 
+    # Routes without database work are async: they answer on the event loop, no thread.
     @app.get("/", include_in_schema=False)
-    def dashboard() -> FileResponse:
+    async def dashboard() -> FileResponse:
         return FileResponse(DASHBOARD_DIR / "index.html", headers=NO_CACHE)
 
     # API docs, their scripts served from the package (no CDN)
     app.mount("/docs-assets", StaticFiles(directory=DOCS_ASSETS), name="docs-assets")
 
     @app.get("/docs", include_in_schema=False)
-    def swagger_ui() -> HTMLResponse:
+    async def swagger_ui() -> HTMLResponse:
         return get_swagger_ui_html(openapi_url="/openapi.json", title="tuner API",
                                    swagger_js_url="/docs-assets/swagger-ui-bundle.js",
                                    swagger_css_url="/docs-assets/swagger-ui.css",
                                    swagger_favicon_url="/docs-assets/favicon.png")
 
     @app.get("/redoc", include_in_schema=False)
-    def redoc() -> HTMLResponse:
+    async def redoc() -> HTMLResponse:
         return get_redoc_html(openapi_url="/openapi.json", title="tuner API",
                               redoc_js_url="/docs-assets/redoc.standalone.js",
                               redoc_favicon_url="/docs-assets/favicon.png",
                               with_google_fonts=False)
 
     @app.get("/healthz", include_in_schema=False, response_model=Health)
-    def healthz() -> Health:
+    async def healthz() -> Health:
         """Liveness: the process answers (readiness is /readyz)."""
         return Health(status="ok")
 
@@ -169,10 +174,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus() -> PlainTextResponse:
+        """This process's view of the fleet: counters summed over the server processes
+        (services.metrics), gauges read from the database and the queue."""
         with sessions() as session:
             count = session.scalar(select(func.count()).select_from(RecordRow)) or 0
             text = metrics.render(queue.depth(session),
                                   workers_alive(session, settings.lease_seconds), count)
-        return PlainTextResponse(text)
+        return PlainTextResponse(text, media_type=METRICS_CONTENT_TYPE)
 
     return app

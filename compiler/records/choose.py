@@ -70,18 +70,23 @@ class Choice:
 
 
 def rank(candidates: Sequence[Candidate], target: Target) -> list[Ranked[Candidate]]:
-    """Candidates in the order ApplyHistoryBest tries them (``history.rank``, the fleet's
-    measurements first on this device); a record offered twice (server answer and
-    pretuned log) counts once, where first offered, as measured if either offer is."""
+    """Candidates in the order ApplyHistoryBest tries them (``history.rank``: on this
+    device verified configs by their median, then the fleet's measurements); a record
+    offered twice (server answer and pretuned log) counts once, where first offered, as
+    measured (verified) if either offer is. Verified records group by config index."""
     first: dict[str, Candidate] = {}
     measured: set[str] = set()
+    verified: set[str] = set()
     for cand in candidates:
         line = cand.record.to_line()
         first.setdefault(line, cand)
         if cand.measured:
             measured.add(line)
+        if cand.verified:
+            verified.add(line)
     entries = [Stored(cand, cand.record.target, cost_of(cand.record.result),
-                      int(cand.record.result.error_no), line in measured)
+                      int(cand.record.result.error_no), line in measured,
+                      cand.record.config.index if line in verified else None)
                for line, cand in first.items()]
     return rank_stored(entries, target)
 

@@ -25,11 +25,15 @@ class RecordsUnavailableError(RecordsError):
 class Candidate:
     """A record and where it came from (log path, server URL, cache file), for the report;
     ``measured``: the fleet's own measurement as a database stores it, which on this
-    device outranks imported lines (a log file's lines are all imported)."""
+    device outranks imported lines (a log file's lines are all imported); ``verified``:
+    a database's verification measurement of its config, which outranks both (ranked by
+    the config's median: ``compiler.templates.history``). A log line is never verified:
+    AutoTVM's format has no room for the mark."""
 
     record: Record
     origin: str
     measured: bool = False
+    verified: bool = False
 
 
 class RecordSource(ABC):

@@ -9,12 +9,23 @@ first, of equal costs the first stored. The first candidate whose config decodes
 template's current space and fits the device's limits, when they are known, wins.
 On this device a measurement of the fleet outranks any imported record (an import
 counts there only where nothing was measured); AutoTVM has no such distinction, and a
-log file's records are all alike."""
+log file's records are all alike.
+
+Verified records outrank both. When a task's search ends, the scheduler measures its
+best configs and the template's default again, interleaved, several rounds: a search
+record's cost may have been taken under noise, these are taken side by side. Where this
+device has verified records of a workload, its verified configs come first, ranked by
+the median of each config's verified costs (a failed round counts as infinitely slow;
+of an even count the upper median, so a config that failed half its rounds cannot win),
+ties to the first stored; each is tried as its median measurement. The device's other
+records follow as before. A log line carries no such mark (AutoTVM's format has no room
+for one): logs rank all their lines alike, and a log exported with ``--best`` holds
+each workload's verified winner."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Generic, TypeVar
@@ -44,6 +55,9 @@ class Stored(Generic[T]):
     cost: float  # mean seconds
     error_no: int
     measured: bool = False  # the fleet's own measurement, not an imported line
+    # the config (its identity: the config index) this record measured again in a
+    # task's verification; None: a search trial's or an imported record
+    verifies: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -101,16 +115,44 @@ def order(entries: Sequence[Stored[T]], measured_first: bool = False) -> list[St
     return [e for _, e in indexed]
 
 
+def verified_order(entries: Sequence[Stored[T]]) -> list[Stored[T]]:
+    """One device's verified configs, best first, each as its median measurement: by
+    the median of the config's verified costs (failures infinite; the upper median of an
+    even count), ties to the config first stored; a config whose median failed is left
+    out."""
+    groups: dict[Hashable, list[tuple[int, Stored[T]]]] = {}
+    for i, entry in enumerate(entries):
+        if entry.verifies is not None:
+            groups.setdefault(entry.verifies, []).append((i, entry))
+    ranked: list[tuple[float, int, Stored[T]]] = []
+    for members in groups.values():
+        costs = sorted(members, key=lambda p: (p[1].cost if usable(p[1]) else math.inf, p[0]))
+        _, median = costs[len(costs) // 2]
+        if usable(median):
+            ranked.append((median.cost, members[0][0], median))
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    return [entry for _, _, entry in ranked]
+
+
+def device_order(entries: Sequence[Stored[T]]) -> list[Stored[T]]:
+    """One device's entries in the order the rule tries them: its verified configs
+    (``verified_order``), then its other usable entries, measurements first, cheapest
+    first (``order``)."""
+    return verified_order(entries) + order([e for e in entries if e.verifies is None],
+                                           measured_first=True)
+
+
 def rank(entries: Sequence[Stored[T]], target: Target) -> list[Ranked[T]]:
     """One workload's entries in the order ApplyHistoryBest tries them: this device
-    (measured first), then each of ``target.keys`` in order; entries that failed or
-    share no key with the target are left out."""
+    (``device_order``: verified configs, then measured, then imported), then each of
+    ``target.keys`` in order; entries that failed or share no key with the target are
+    left out."""
     ranked: list[Ranked[T]] = []
     taken: set[int] = set()
     here = [e for e in entries if same_device(e.target, target)]
-    for entry in order(here, measured_first=True):
+    for entry in device_order(here):
         ranked.append(Ranked(THIS_DEVICE, None, entry.item))
-        taken.add(id(entry))
+    taken.update(id(e) for e in here)  # this device's are ranked above or not at all
     for key in target.keys:
         tier = [e for e in entries if id(e) not in taken and key in e.target.keys]
         for entry in order(tier):

@@ -11,10 +11,12 @@ from schemas.api import (
     JobCreated,
     JobRequest,
     JobView,
+    ModelView,
     TrialPage,
 )
 from tuner_server.api.deps import Caller, PathId, get_session, refusals, require
 from tuner_server.services import jobs as svc
+from tuner_server.services.model_view import model_view
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], responses=refusals(404))
 
@@ -50,6 +52,18 @@ def get_job(job_id: PathId, request: Request,
     if job is None:
         raise HTTPException(404, f"job {job_id} not found")
     return job
+
+
+@router.get("/{job_id}/model", response_model=ModelView)
+def get_model_view(job_id: PathId, session: Session = Depends(get_session),
+                   _caller: Caller = Depends(require("client"))) -> ModelView:
+    """The job as a model's tuning: per task its layers, default and best cost, failures
+    and share of the model's estimated latency (largest first), and that estimate as
+    the results arrived."""
+    view = model_view(session, job_id)
+    if view is None:
+        raise HTTPException(404, f"job {job_id} not found")
+    return view
 
 
 @router.get("/{job_id}/tasks/{task_id}/trials", response_model=TrialPage)

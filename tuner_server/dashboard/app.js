@@ -1,15 +1,20 @@
 /* The tuner dashboard: plain JS, no build step, no dependencies.
  *
- * Hash routes: #/jobs (default), #/jobs/ID, #/workers, #/records?target=..&template=..
+ * Hash routes: #/jobs (default), #/jobs/ID[/tasks/TASK], #/workers,
+ * #/records?target=..&template=..
  * Every API call sends the token saved in localStorage["tuner_token"] (the header's
- * input, or /?token=XYZ). A page sets body[data-loaded="1"] once its first data has
- * rendered (or its error is shown), so a browser test can wait for it and time it. */
+ * input, or a link /#token=XYZ: a fragment never reaches the server, so the token stays
+ * out of its access log; an old /?token=XYZ link still works) as a bearer header. A
+ * server without tokens (tuner dashboard) says so at /api/v1/dashboard: the token form
+ * hides, and a read-only one offers no cancel. A page sets body[data-loaded="1"] once its
+ * first data has rendered (or its error is shown), so a browser test can wait for it. */
 "use strict";
 
 const TOKEN_KEY = "tuner_token";
 const JOBS_REFRESH_MS = 2000;
 const WORKERS_REFRESH_MS = 2000;
 const JOB_REFRESH_MS = 1000;
+const MODEL_REFRESH_MS = 2000;  // the model view reads all the job's results: half as often
 const FINAL = ["done", "cancelled", "failed"];
 const ERROR_NAMES = ["NO_ERROR", "INSTANTIATION_ERROR", "COMPILE_HOST", "COMPILE_DEVICE",
   "RUNTIME_DEVICE", "WRONG_ANSWER", "BUILD_TIMEOUT", "RUN_TIMEOUT", "UNKNOWN_ERROR"];
@@ -132,7 +137,7 @@ function setCell(td, text) {
 
 // ---------------------------------------------------------------- router
 
-const state = { generation: 0, timer: null, serverSkewS: 0 };
+const state = { generation: 0, timer: null, serverSkewS: 0, readOnly: false };
 const view = () => document.getElementById("view");
 
 function showError(err) {
@@ -183,7 +188,7 @@ function clone(templateId) {
 }
 
 const ROUTES = [
-  [/^#\/jobs\/(\d+)$/, "job", (m) => jobPage(Number(m[1]))],
+  [/^#\/jobs\/(\d+)(?:\/tasks\/(\d+))?$/, "job", (m) => jobPage(Number(m[1]), m[2] ? Number(m[2]) : null)],
   [/^#\/workers$/, "workers", () => workersPage()],
   [/^#\/records(?:\?(.*))?$/, "records", (m) => recordsPage(new URLSearchParams(m[1] || ""))],
   [/^#\/jobs$/, "jobs", () => jobsPage()],
@@ -227,12 +232,9 @@ function bestCell(td, job) {
   const text = JSON.stringify([job.best_gflops, tasks.map((t) => t.best_gflops)]);
   if (td.dataset.text === text) return;
   td.dataset.text = text;
-  const shown = tasks.slice(0, 8).map((t) =>
-    h("li", { "data-task-id": t.id, title: `${t.template} ${workloadText(t.args)}` },
-      `#${t.id} ${gflops(t.best_gflops)}`));
-  if (tasks.length > 8) shown.push(h("li", {}, `… ${tasks.length - 8} more`));
+  const tuned = tasks.filter((t) => t.best_gflops !== null).length;
   td.replaceChildren(h("strong", { class: "max" }, gflops(job.best_gflops)),
-    tasks.length > 1 ? h("ul", { class: "task-best" }, shown) : "");
+    tasks.length > 1 ? h("div", { class: "task-best" }, `${tuned} of ${tasks.length} tasks measured`) : "");
 }
 
 async function cancelJob(button, refresh) {
@@ -247,7 +249,7 @@ async function cancelJob(button, refresh) {
 }
 
 function actionsCell(td, job, refresh) {
-  const running = !FINAL.includes(job.status);
+  const running = !FINAL.includes(job.status) && !state.readOnly;
   const button = td.querySelector("button.cancel");
   if (running && !button) {
     td.append(h("button", { class: "cancel", type: "button", "data-job-id": job.id,
@@ -272,7 +274,8 @@ function jobsPage() {
       rows.delete(String(job.id));
       if (!tr) {
         tr = h("tr", { "data-job-id": job.id },
-          h("td", { class: "id" }, h("a", { class: "job-link", href: `#/jobs/${job.id}` }, `#${job.id}`)),
+          h("td", { class: "id" }, h("a", { class: "job-link", href: `#/jobs/${job.id}` }, `#${job.id}`),
+            job.model ? h("span", { class: "model" }, ` ${job.model}`) : ""),
           h("td", { class: "status" }), h("td", { class: "target" }), h("td", { class: "tuner" }),
           h("td", { class: "progress" }), h("td", { class: "eta" }), h("td", { class: "best" }),
           h("td", { class: "actions" }));
@@ -281,8 +284,8 @@ function jobsPage() {
       before = tr;
       tr.dataset.status = job.status;
       const cell = (c) => tr.querySelector(`td.${c}`);
-      setCell(cell("status"), job.status);
-      cell("status").title = job.error || "";
+      setCell(cell("status"), job.waiting_for_worker ? `${job.status} · waiting for a worker` : job.status);
+      cell("status").title = job.error || job.note || "";
       setCell(cell("target"), job.target);
       setCell(cell("tuner"), job.tuner);
       progressCell(cell("progress"), job);
@@ -296,9 +299,12 @@ function jobsPage() {
   p.poll(refresh, JOBS_REFRESH_MS);
 }
 
-// ---------------------------------------------------------------- #/jobs/ID
+// ---------------------------------------------------------------- charts
 
-const CURVE = { w: 640, h: 240, left: 56, right: 14, top: 14, bottom: 34 };
+const CURVE = { w: 640, h: 250, left: 56, right: 16, top: 14, bottom: 52 };
+const LATENCY = { w: 560, h: 220, left: 66, right: 18, top: 16, bottom: 36 };
+const SPARK = { w: 120, h: 26 };
+const ERROR_DIGIT_GAP = 8;  // px between the error numbers drawn under failed trials
 
 /** A round number >= value, for an axis maximum. */
 function niceCeil(value) {
@@ -308,36 +314,66 @@ function niceCeil(value) {
   return 10 * step;
 }
 
+/** A whole tick step >= raw: 1, 2, 5, 10, 20, 50, ... (trials are counted, never 1.5). */
+function intStep(raw) {
+  if (!(raw > 1)) return 1;
+  const base = 10 ** Math.floor(Math.log10(raw));
+  for (const m of [1, 2, 5, 10]) if (m * base >= raw) return m * base;
+  return 10 * base;
+}
+
+/** A time tick step in seconds >= raw, one a clock reads easily. */
+function timeStep(raw) {
+  for (const s of [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 43200, 86400]) {
+    if (s >= raw) return s;
+  }
+  return 86400 * intStep(raw / 86400);
+}
+
+function valueTick(g) {
+  return g >= 100 ? g.toFixed(0) : g.toPrecision(3).replace(/\.?0+$/, "");
+}
+
 /** The tuning curve: best GFLOP/s so far against trial number (a step line), every
- * measured trial a dot, failed ones red on the axis with their AutoTVM error number. */
-function drawCurve(el, points, nTrial) {
+ * measured trial a dot. The axes span the trials measured (whole-number ticks) and the
+ * GFLOP/s reached; failed trials sit in a lane under the axis, red, with their AutoTVM
+ * error number where there is room, and are counted at its start. A task with no
+ * working trial draws no GFLOP/s scale, only its failures. */
+function drawCurve(el, points) {
   const { w, h: height, left, right, top, bottom } = CURVE;
-  // the budget's span, but no wider than twice the trials so far (a 100,000-trial budget
-  // would squeeze the first thousand trials against the axis); it widens as they arrive
-  const xMax = Math.max(points.length, 1, Math.min(nTrial || 0, Math.max(2 * points.length, 64)));
+  const last = points.length ? points[points.length - 1].trial : 0;
+  const xMax = Math.max(last, 2);
   const top_ = points.reduce((m, p) => (p.gflops !== null && p.gflops > m ? p.gflops : m), 0);
   const yMax = niceCeil(top_ * 1.05);
-  const x = (n) => left + (xMax <= 1 ? 0 : (n - 1) / (xMax - 1)) * (w - left - right);
-  const y = (g) => top + (1 - g / yMax) * (height - top - bottom);
+  const base = height - bottom;  // the x axis
+  const x = (n) => left + (n - 1) / (xMax - 1) * (w - left - right);
+  const y = (g) => top + (1 - g / yMax) * (base - top);
   const parts = [];
-  // axes, ticks, labels
-  parts.push(svg("line", { class: "axis", x1: left, y1: y(0), x2: w - right, y2: y(0) }));
-  parts.push(svg("line", { class: "axis", x1: left, y1: top, x2: left, y2: y(0) }));
-  for (let i = 0; i <= 4; i++) {
-    const g = yMax * i / 4;
-    parts.push(svg("line", { class: "grid", x1: left, y1: y(g), x2: w - right, y2: y(g) }));
-    parts.push(svg("text", { class: "tick", x: left - 6, y: y(g) + 4, "text-anchor": "end" },
-      g >= 100 ? g.toFixed(0) : g.toPrecision(3).replace(/\.?0+$/, "")));
+  parts.push(svg("line", { class: "axis", x1: left, y1: base, x2: w - right, y2: base }));
+  parts.push(svg("line", { class: "axis", x1: left, y1: top, x2: left, y2: base }));
+  if (top_ > 0) {
+    for (let i = 0; i <= 4; i++) {
+      const g = yMax * i / 4;
+      parts.push(svg("line", { class: "grid", x1: left, y1: y(g), x2: w - right, y2: y(g) }));
+      parts.push(svg("text", { class: "tick", x: left - 6, y: y(g) + 4, "text-anchor": "end" }, valueTick(g)));
+    }
+  } else if (points.length) {
+    parts.push(svg("text", { class: "empty-note", x: (left + w - right) / 2, y: (top + base) / 2, "text-anchor": "middle" },
+      points.some((p) => p.error_no === 0) ? "GFLOP/s unknown for this template" : "no working trial yet"));
   }
-  const xStep = niceCeil(xMax / 6);
-  for (let n = 0; n <= xMax; n += xStep) {
-    const at = Math.max(n, 1);
-    const anchor = n + xStep > xMax ? "end" : "middle";  // the last label stays inside
-    parts.push(svg("text", { class: "tick", x: x(at), y: height - bottom + 16, "text-anchor": anchor }, at));
+  const step = intStep(xMax / 6);
+  const ticks = [1];
+  for (let n = step; n <= xMax; n += step) if (n > 1 && n - 1 >= step / 2) ticks.push(n);
+  for (const n of ticks) {
+    parts.push(svg("line", { class: "axis", x1: x(n), y1: base, x2: x(n), y2: base + 3 }));
+    parts.push(svg("text", { class: "tick", x: x(n), y: base + 34, "text-anchor": n === xMax ? "end" : "middle" }, n));
   }
-  parts.push(svg("text", { class: "label", x: (left + w - right) / 2, y: height - 4, "text-anchor": "middle" }, "trial"));
-  parts.push(svg("text", { class: "label", x: 12, y: (top + height - bottom) / 2, "text-anchor": "middle",
-    transform: `rotate(-90 12 ${(top + height - bottom) / 2})` }, "GFLOP/s"));
+  parts.push(svg("text", { class: "label", x: (left + w - right) / 2, y: height - 3, "text-anchor": "middle" }, "trial"));
+  parts.push(svg("text", { class: "label", x: 12, y: (top + base) / 2, "text-anchor": "middle",
+    transform: `rotate(-90 12 ${(top + base) / 2})` }, "GFLOP/s"));
+  const failedCount = points.filter((p) => p.error_no !== 0).length;
+  parts.push(svg("text", { class: "tick failed-label", x: left - 6, y: base + 12, "text-anchor": "end",
+    "data-failed": failedCount }, failedCount ? `${failedCount} failed` : ""));
   // best so far, as a step line from the first working trial to the last trial drawn
   let d = "";
   let best = null;
@@ -347,40 +383,184 @@ function drawCurve(el, points, nTrial) {
       : `H${x(p.trial).toFixed(1)}V${y(p.gflops).toFixed(1)}`;
     best = p.gflops;
   }
-  if (best !== null && points.length) d += `H${x(points[points.length - 1].trial).toFixed(1)}`;
+  if (best !== null && points.length) d += `H${x(last).toFixed(1)}`;
   parts.push(svg("path", { class: "best", d: d || "M0,0", "data-best": best === null ? "" : best }));
-  // every trial
+  let lastDigit = -Infinity;
   for (const p of points) {
+    const cx = x(p.trial).toFixed(1);
     if (p.error_no === 0 && p.gflops === null) { // worked, but no FLOPs figure to plot
-      const dot = svg("circle", { class: "trial unknown", cx: x(p.trial).toFixed(1), cy: y(0).toFixed(1),
+      const dot = svg("circle", { class: "trial unknown", cx, cy: base.toFixed(1),
         r: 2.5, "data-trial": p.trial, "data-trial-id": p.id });
       dot.append(svg("title", {}, `trial ${p.trial}: ${cost(p.cost)} (GFLOP/s unknown)`));
       parts.push(dot);
     } else if (p.error_no === 0) {
-      const dot = svg("circle", { class: "trial", cx: x(p.trial).toFixed(1), cy: y(p.gflops).toFixed(1),
+      const dot = svg("circle", { class: "trial", cx, cy: y(p.gflops).toFixed(1),
         r: 2.5, "data-trial": p.trial, "data-trial-id": p.id });
       dot.append(svg("title", {}, `trial ${p.trial}: ${gflops(p.gflops)} GFLOP/s (${cost(p.cost)})`));
       parts.push(dot);
     } else {
       const name = ERROR_NAMES[p.error_no] || "ERROR";
-      const dot = svg("circle", { class: "trial failed", cx: x(p.trial).toFixed(1), cy: y(0).toFixed(1),
+      const dot = svg("circle", { class: "trial failed", cx, cy: base + 9,
         r: 3, "data-trial": p.trial, "data-trial-id": p.id, "data-error-no": p.error_no });
       dot.append(svg("title", {}, `trial ${p.trial} failed: error ${p.error_no} (${name})`));
       parts.push(dot);
-      parts.push(svg("text", { class: "error-no", x: x(p.trial).toFixed(1), y: (y(0) - 5).toFixed(1),
-        "text-anchor": "middle", "data-error-no": p.error_no }, p.error_no));
+      if (Number(cx) - lastDigit >= ERROR_DIGIT_GAP) {
+        parts.push(svg("text", { class: "error-no", x: cx, y: base + 21, "text-anchor": "middle",
+          "data-error-no": p.error_no }, p.error_no));
+        lastDigit = Number(cx);
+      }
     }
   }
   el.replaceChildren(...parts);
   el.setAttribute("data-points", String(points.length));
+  el.setAttribute("data-x-max", String(xMax));
   return best;
+}
+
+/** A row's sparkline: the task's best (GFLOP/s, else 1/cost) so far over its trials. */
+function drawSpark(el, curve, trials) {
+  const { w, h: height } = SPARK;
+  const value = (p) => (p.best_gflops !== null ? p.best_gflops : 1 / p.best_cost);
+  const n = Math.max(trials, curve.length ? curve[curve.length - 1].trial : 0, 2);
+  const top = curve.reduce((m, p) => Math.max(m, value(p)), 0);
+  el.setAttribute("data-points", String(curve.length));
+  if (!curve.length || !(top > 0)) {
+    el.replaceChildren();
+    return;
+  }
+  const x = (t) => 1 + (t - 1) / (n - 1) * (w - 2);
+  const y = (v) => height - 2 - v / top * (height - 4);
+  let d = "";
+  curve.forEach((p, i) => {
+    d += i === 0 ? `M${x(p.trial).toFixed(1)},${y(value(p)).toFixed(1)}`
+      : `H${x(p.trial).toFixed(1)}V${y(value(p)).toFixed(1)}`;
+  });
+  d += `H${x(n).toFixed(1)}`;
+  el.replaceChildren(svg("path", { class: "spark", d }));
+}
+
+/** The model's estimated latency (sum over tasks of best cost x layers) against time
+ * since submission or against results stored, as a falling step line from the moment
+ * every task had a working trial to now; the default build's estimate a dashed line. */
+function drawLatency(el, model, axis) {
+  const { w, h: height, left, right, top, bottom } = LATENCY;
+  const key = axis === "time" ? "at_s" : "trial";
+  const pts = model.curve;
+  const end = axis === "time" ? model.elapsed_s : model.trials_done;
+  const xMax = Math.max(end, pts.length ? pts[pts.length - 1][key] : 0, axis === "time" ? 1 : 2);
+  const highest = pts.reduce((m, p) => Math.max(m, p.latency_s), model.default_latency_s || 0);
+  const yMax = niceCeil(highest * 1.08);
+  const base = height - bottom;
+  const x = (v) => left + v / xMax * (w - left - right);
+  const y = (s) => top + (1 - s / yMax) * (base - top);
+  const parts = [];
+  parts.push(svg("line", { class: "axis", x1: left, y1: base, x2: w - right, y2: base }));
+  parts.push(svg("line", { class: "axis", x1: left, y1: top, x2: left, y2: base }));
+  if (highest > 0) {
+    for (let i = 0; i <= 4; i++) {
+      const s = yMax * i / 4;
+      parts.push(svg("line", { class: "grid", x1: left, y1: y(s), x2: w - right, y2: y(s) }));
+      parts.push(svg("text", { class: "tick", x: left - 6, y: y(s) + 4, "text-anchor": "end" }, i ? cost(s) : "0"));
+    }
+  }
+  const step = axis === "time" ? timeStep(xMax / 5) : intStep(xMax / 6);
+  for (let v = 0; v <= xMax + 1e-9; v += step) {
+    parts.push(svg("line", { class: "axis", x1: x(v), y1: base, x2: x(v), y2: base + 3 }));
+    parts.push(svg("text", { class: "tick", x: x(v), y: base + 16, "text-anchor": v + step > xMax ? "end" : "middle" },
+      axis === "time" ? duration(v) : v));
+  }
+  parts.push(svg("text", { class: "label", x: (left + w - right) / 2, y: height - 3, "text-anchor": "middle" },
+    axis === "time" ? "time since submitted" : "trials measured (all tasks)"));
+  if (model.default_latency_s) {
+    const dy = y(model.default_latency_s);
+    parts.push(svg("line", { class: "default", x1: left, y1: dy, x2: w - right, y2: dy,
+      "data-latency": model.default_latency_s }));
+    parts.push(svg("text", { class: "default-label", x: w - right - 4, y: dy - 4, "text-anchor": "end" },
+      `default build ${cost(model.default_latency_s)}`));
+  }
+  if (pts.length) {
+    let d = "";
+    pts.forEach((p, i) => {
+      d += i === 0 ? `M${x(p[key]).toFixed(1)},${y(p.latency_s).toFixed(1)}`
+        : `H${x(p[key]).toFixed(1)}V${y(p.latency_s).toFixed(1)}`;
+    });
+    d += `H${x(Math.max(end, pts[pts.length - 1][key])).toFixed(1)}`;
+    parts.push(svg("path", { class: "estimate", d }));
+    for (const p of pts) {
+      const dot = svg("circle", { class: "estimate-point", cx: x(p[key]).toFixed(1), cy: y(p.latency_s).toFixed(1), r: 2 });
+      dot.append(svg("title", {}, `${cost(p.latency_s)} after ${p.trial} trials, ${duration(p.at_s)}`));
+      parts.push(dot);
+    }
+  } else {
+    parts.push(svg("text", { class: "empty-note", x: (left + w - right) / 2, y: (top + base) / 2, "text-anchor": "middle" },
+      `starts once every task has a working trial (${model.tasks_measured} of ${model.tasks.length} so far)`));
+  }
+  el.replaceChildren(...parts);
+  el.setAttribute("data-points", String(pts.length));
+  el.setAttribute("data-latency", model.latency_s === null ? "" : String(model.latency_s));
+}
+
+// ---------------------------------------------------------------- #/jobs/ID
+
+function layerText(task) {
+  const names = task.layers || [];
+  if (!names.length) return workloadText(task.args);
+  return names.length <= 3 ? names.join(", ") : `${names.slice(0, 3).join(", ")} +${names.length - 3}`;
+}
+
+function errorText(counts) {
+  return Object.entries(counts || {}).sort((a, b) => b[1] - a[1])
+    .map(([e, n]) => `${n} × error ${e} (${ERROR_NAMES[e] || "ERROR"})`).join(", ");
+}
+
+function taskRow(task, onSelect) {
+  const tr = h("tr", { class: "task-row", "data-task-id": task.id, tabindex: 0,
+    onclick: () => onSelect(task.id), onkeydown: (e) => { if (e.key === "Enter") onSelect(task.id); } },
+  h("td", { class: "layers" }), h("td", { class: "count" }), h("td", { class: "template" }),
+  h("td", { class: "trials" }), h("td", { class: "default" }), h("td", { class: "best" }),
+  h("td", { class: "speedup" }), h("td", { class: "errors" }), h("td", { class: "share" }),
+  h("td", { class: "spark" }));
+  tr.querySelector("td.spark").append(svg("svg", { class: "spark", viewBox: `0 0 ${SPARK.w} ${SPARK.h}`,
+    width: SPARK.w, height: SPARK.h, "data-points": 0 }));
+  return tr;
+}
+
+function fillTaskRow(tr, t) {
+  const cell = (c) => tr.querySelector(`td.${c}`);
+  tr.dataset.status = t.status;
+  tr.dataset.share = t.share === null ? "" : String(t.share);
+  setCell(cell("layers"), layerText(t));
+  cell("layers").title = `${(t.layers || []).join(", ")}\n${t.template} ${workloadText(t.args)}`.trim();
+  setCell(cell("count"), `×${t.layer_count}`);
+  setCell(cell("template"), t.template);
+  setCell(cell("trials"), `${t.trials_done}/${t.n_trial}`);
+  setCell(cell("default"), gflops(t.default_gflops));
+  setCell(cell("best"), gflops(t.best_gflops));
+  setCell(cell("speedup"), t.speedup === null ? "—" : `${t.speedup.toFixed(2)}×`);
+  setCell(cell("errors"), String(t.errors));
+  cell("errors").title = errorText(t.error_counts);
+  tr.classList.toggle("has-errors", t.errors > 0);
+  const share = cell("share");
+  const text = percent(t.share);
+  if (share.dataset.text !== text) {
+    share.dataset.text = text;
+    share.replaceChildren(h("div", { class: "bar" }, h("div", { style: `width:${((t.share || 0) * 100).toFixed(1)}%` })),
+      h("span", {}, text));
+  }
+  const spark = tr.querySelector("svg.spark");
+  const key = `${t.curve.length}/${t.trials_done}`;
+  if (spark.dataset.key !== key) {
+    spark.dataset.key = key;
+    drawSpark(spark, t.curve, t.trials_done);
+  }
 }
 
 function taskSection(task) {
   const curve = svg("svg", { class: "curve", "data-task-id": task.id, "data-points": 0,
     viewBox: `0 0 ${CURVE.w} ${CURVE.h}`, preserveAspectRatio: "xMinYMin meet", role: "img" });
   return h("section", { class: "task", "data-task-id": task.id },
-    h("h3", {}, h("span", { class: "template" }, task.template), " ",
+    h("h3", {}, h("span", { class: "task-layers" }, (task.layers || []).join(", ")), " ",
+      h("span", { class: "template" }, task.template), " ",
       h("span", { class: "workload" }, workloadText(task.args))),
     h("p", { class: "task-summary" }, h("span", { class: "task-status" }), " · ",
       h("span", { class: "task-trials" }), " · best ", h("span", { class: "task-best" }),
@@ -388,27 +568,111 @@ function taskSection(task) {
     curve);
 }
 
-function jobPage(jobId) {
+function jobPage(jobId, wantedTask) {
   const p = page();
   const root = clone("page-job");
   view().append(root);
   root.querySelector(".job-title").textContent = `Job #${jobId}`;
-  const tasks = new Map(); // task id -> {section, points, fetched: trials_done when last fetched}
+  const tbody = root.querySelector("table#tasks tbody");
+  const detail = root.querySelector(".task-detail");
+  let selected = wantedTask;  // the task whose full curve shows; null: the largest share
+  let shown = null;  // {id, section, points, drawn}
+  let lastJob = null;
+  let model = null;
+  let modelAt = 0;
   let finalSynced = false;
 
   const fetchTrials = async (task, entry, full) => {
     const last = entry.points.length ? entry.points[entry.points.length - 1].id : null;
     const after = !full && last !== null ? `?after=${last}` : "";
     const page_ = await apiJson(`/api/v1/jobs/${jobId}/tasks/${task.id}/trials${after}`);
-    if (p.stale) return;
+    if (p.stale || shown !== entry) return;
+    const lastNow = entry.points.length ? entry.points[entry.points.length - 1].id : null;
+    if (after && lastNow !== last) return;  // another fetch extended it meanwhile
     entry.points = after ? entry.points.concat(page_.items) : page_.items;
+    if (full || entry.drawn !== entry.points.length) {
+      drawCurve(entry.section.querySelector("svg.curve"), entry.points);
+      entry.drawn = entry.points.length;
+    }
+    const failed = entry.points.filter((pt) => pt.error_no !== 0).length;
+    setCell(entry.section.querySelector(".task-failed"), `${failed} failed`);
+  };
+
+  // the selected task's section: made when the selection changes, its curve extended
+  const showTask = (task, full) => {
+    if (!shown || shown.id !== task.id) {
+      shown = { id: task.id, section: taskSection(task), points: [], drawn: -1 };
+      detail.replaceChildren(shown.section);
+    }
+    const s = shown.section;
+    setCell(s.querySelector(".task-status"), task.status);
+    setCell(s.querySelector(".task-trials"), `${task.trials_done}/${task.n_trial} trials`);
+    setCell(s.querySelector(".task-best"), gflops(task.best_gflops));
+    if (full || task.trials_done > shown.points.length || shown.drawn < 0) {
+      return fetchTrials(task, shown, full);
+    }
+    return null;
+  };
+
+  const select = (taskId) => {
+    selected = taskId;
+    history.replaceState(null, "", `#/jobs/${jobId}/tasks/${taskId}`);
+    for (const tr of tbody.children) tr.classList.toggle("selected", Number(tr.dataset.taskId) === taskId);
+    const task = lastJob && lastJob.tasks.find((t) => t.id === taskId);
+    if (task) {
+      const fetching = showTask(task, false);
+      if (fetching) fetching.catch(showError);
+    }
+  };
+
+  const renderModel = (job) => {
+    const latency = root.querySelector("section.latency");
+    latency.hidden = !job.model;
+    if (job.model) {
+      setCell(latency.querySelector(".latency-now"), model.latency_s === null ? "—" : cost(model.latency_s));
+      const parts = [];
+      if (model.default_latency_s) parts.push(`default build ${cost(model.default_latency_s)}`);
+      if (model.speedup) parts.push(`${model.speedup.toFixed(2)}× faster than the default build`);
+      parts.push(`${model.tasks_measured} of ${model.tasks.length} tasks measured`);
+      parts.push(`${model.trials_done} trials`);
+      setCell(latency.querySelector(".latency-summary"), parts.join(" · "));
+      for (const el of latency.querySelectorAll("svg.latency")) drawLatency(el, model, el.dataset.axis);
+    }
+    const failures = root.querySelector(".job-failures");
+    const text = errorText(model.error_counts);
+    failures.hidden = !text;
+    setCell(failures, text ? `failed trials: ${text}` : "");
+    // rows in the model view's order: largest share of the latency first
+    const rows = new Map([...tbody.children].map((tr) => [Number(tr.dataset.taskId), tr]));
+    let before = null;
+    for (const t of [...model.tasks].reverse()) {
+      let tr = rows.get(t.id);
+      rows.delete(t.id);
+      if (!tr) tr = taskRow(t, select);
+      if (tr.nextSibling !== before || tr.parentNode !== tbody) tbody.insertBefore(tr, before);
+      before = tr;
+      fillTaskRow(tr, t);
+    }
+    for (const tr of rows.values()) tr.remove();
+    root.querySelector("table#tasks").dataset.tasks = String(model.tasks.length);
   };
 
   const refresh = async () => {
-    const job = await apiJson(`/api/v1/jobs/${jobId}?curves=false`);
+    const now = Date.now();
+    const modelFinal = model && FINAL.includes(model.status);
+    const wantModel = !model || (!modelFinal && now - modelAt >= MODEL_REFRESH_MS - 100);
+    const [job, fresh] = await Promise.all([
+      apiJson(`/api/v1/jobs/${jobId}?curves=false`),
+      wantModel ? apiJson(`/api/v1/jobs/${jobId}/model`) : Promise.resolve(null)]);
     if (p.stale) return;
+    lastJob = job;
+    if (fresh) {
+      model = fresh;
+      modelAt = now;
+    }
     const final = FINAL.includes(job.status);
-    root.querySelector(".job-title").textContent = `Job #${job.id} · ${job.target} · ${job.tuner}`;
+    root.querySelector(".job-title").textContent =
+      `Job #${job.id}${job.model ? ` · ${job.model}` : ""} · ${job.target} · ${job.tuner}`;
     const summary = root.querySelector(".job-summary");
     setCell(summary.querySelector(".status"), job.status);
     setCell(summary.querySelector(".progress"),
@@ -416,39 +680,28 @@ function jobPage(jobId) {
     setCell(summary.querySelector(".eta"), final ? "—" : duration(job.eta_s));
     setCell(summary.querySelector(".best"), gflops(job.best_gflops));
     actionsCell(summary.querySelector(".actions"), job, refresh);
+    const waiting = root.querySelector(".job-waiting");
+    waiting.hidden = !job.waiting_for_worker;
+    if (job.waiting_for_worker && waiting.dataset.target !== job.target) {
+      waiting.dataset.target = job.target;
+      waiting.replaceChildren("waiting for a worker for ", h("code", {}, job.target),
+        job.note ? h("span", { class: "note" }, ` (${job.note})`) : "");
+    }
     const error = root.querySelector(".job-error");
     error.hidden = !job.error;
-    error.textContent = job.error ? `error: ${job.error}` : "";
-    const container = root.querySelector(".tasks");
-    const fetches = [];
+    setCell(error, job.error ? `error: ${job.error}` : "");
+    if (fresh) renderModel(job);
+    if (selected === null || !job.tasks.some((t) => t.id === selected)) {
+      selected = model.tasks.length ? model.tasks[0].id : job.tasks[0].id;
+    }
+    for (const tr of tbody.children) tr.classList.toggle("selected", Number(tr.dataset.taskId) === selected);
     // a last full fetch once the job ends: catches a result stored out of id order
     const full = final && !finalSynced;
-    for (const task of job.tasks) {
-      let entry = tasks.get(task.id);
-      if (!entry) {
-        entry = { section: taskSection(task), points: [], drawn: -1 };
-        tasks.set(task.id, entry);
-        container.append(entry.section);
-      }
-      const s = entry.section;
-      setCell(s.querySelector(".task-status"), task.status);
-      setCell(s.querySelector(".task-trials"), `${task.trials_done}/${task.n_trial} trials`);
-      setCell(s.querySelector(".task-best"), gflops(task.best_gflops));
-      if (full || task.trials_done > entry.points.length || entry.drawn < 0) {
-        fetches.push(fetchTrials(task, entry, full).then(() => {
-          if (p.stale) return;
-          if (full || entry.drawn !== entry.points.length) {
-            drawCurve(s.querySelector("svg.curve"), entry.points, task.n_trial);
-            entry.drawn = entry.points.length;
-          }
-          const failed = entry.points.filter((pt) => pt.error_no !== 0).length;
-          setCell(s.querySelector(".task-failed"), `${failed} failed`);
-        }));
-      }
-    }
-    await Promise.all(fetches);
+    const task = job.tasks.find((t) => t.id === selected);
+    if (task) await showTask(task, full);
     if (full) finalSynced = true;
-    return !(final && finalSynced); // an ended job's curves are complete: stop polling
+    // an ended job's figures are complete: stop polling once they are all read
+    return !(final && finalSynced && FINAL.includes(model.status));
   };
   p.poll(refresh, JOB_REFRESH_MS);
 }
@@ -586,16 +839,32 @@ function recordsPage(params) {
 
 // ---------------------------------------------------------------- start
 
-function start() {
+/** The token a link carries, kept out of the address bar: #token=XYZ[&/route] (a
+ * fragment, never sent to the server), or an old link's ?token=XYZ. */
+function takeTokenFromUrl() {
   const params = new URLSearchParams(location.search);
-  const fromUrl = params.get("token");
-  if (fromUrl) {
-    setToken(fromUrl);
-    // keep it out of the address bar (and of anything copied from it)
-    params.delete("token");
-    const rest = params.toString();
-    history.replaceState(null, "", `${location.pathname}${rest ? `?${rest}` : ""}${location.hash}`);
-  }
+  const fromQuery = params.get("token");
+  const m = location.hash.match(/^#token=([^&]*)(?:&(.*))?$/);
+  const token = m ? decodeURIComponent(m[1]) : fromQuery;
+  if (!token) return;
+  setToken(token);
+  params.delete("token");
+  const rest = params.toString();
+  const hash = m ? (m[2] ? `#${m[2]}` : "#/jobs") : location.hash;
+  history.replaceState(null, "", `${location.pathname}${rest ? `?${rest}` : ""}${hash}`);
+}
+
+/** What this server asks of the page: a token or none (tuner dashboard), read-only. */
+async function serverInfo() {
+  try {
+    const response = await fetch("/api/v1/dashboard");
+    if (response.ok) return await response.json();
+  } catch (err) { /* an older server: as a fleet's */ }
+  return { token_required: true, read_only: false };
+}
+
+async function start() {
+  takeTokenFromUrl();
   const input = document.getElementById("token");
   input.value = getToken();
   document.getElementById("token-form").addEventListener("submit", (e) => {
@@ -604,7 +873,14 @@ function start() {
     route();
   });
   window.addEventListener("hashchange", route);
+  // asked alongside the first page's data, not before it: a page load waits for neither
+  const info = serverInfo();
   route();
+  const answer = await info;
+  state.readOnly = answer.read_only;
+  document.getElementById("token-form").hidden = !answer.token_required;
+  document.body.dataset.readOnly = answer.read_only ? "1" : "0";
+  if (answer.read_only) for (const button of document.querySelectorAll("button.cancel")) button.remove();
 }
 
 start();

@@ -75,6 +75,10 @@ class RecordRow(Base):
                                         server_default="measured")
     # record_hash(line), filled in from ``line`` on insert
     line_hash: Mapped[str] = mapped_column(String(64), default=_line_hash)
+    # the config index this record re-measured in its task's verification (a trial of
+    # verify_round >= 1); null for search trials and imports. On its device a config's
+    # verified measurements, ranked by their median, outrank every unverified record.
+    verified_config: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     __table_args__ = (
         # best lookup: walk one workload's good records cheapest first
@@ -84,6 +88,9 @@ class RecordRow(Base):
               "mean_cost", "template"),
         UniqueConstraint("trial_id", name="uq_records_trial_id"),
         Index("uq_records_line_hash", "line_hash", unique=True),
+        # the rule reads working records and every verification record (its failures
+        # count): this index finds the few failed ones without a scan of the table
+        Index("ix_records_verified", "verified_config"),
     )
 
 
@@ -113,8 +120,12 @@ class JobRow(Base):
     early_stopping: Mapped[int | None] = mapped_column(Integer, nullable=True)
     plan_size: Mapped[int] = mapped_column(Integer)
     measure: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # best configs of each task measured again when its search ends (0: none)
+    verify_top: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    # the model the tasks come from (its file name); null for a job of given tasks
+    model: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
 
 class TaskRow(Base):
@@ -130,6 +141,8 @@ class TaskRow(Base):
     best_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
     best_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)  # trials_done then
     error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it failed
+    # the model's layers this task serves (null: unknown, counted as one layer)
+    layers: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
 
 
 class TrialRow(Base):
@@ -147,9 +160,13 @@ class TrialRow(Base):
     worker_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     lease_deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
     error_no: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # 0: a search trial (counts against n_trial); n >= 1: round n of the task's
+    # verification, which measures the same configs again
+    verify_round: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (
-        UniqueConstraint("task_id", "config_index", name="uq_trials_task_config"),
+        UniqueConstraint("task_id", "config_index", "verify_round",
+                         name="uq_trials_task_config_round"),
         Index("ix_trials_queue", "status", "queue", "id"),
         Index("ix_trials_lease", "status", "lease_deadline"),
         Index("ix_trials_worker", "worker_id", "status"),

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import func, insert, not_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -18,6 +19,7 @@ from schemas import (
     DeviceLimits,
     MeasureErrorNo,
     MeasureInput,
+    MeasureOptions,
     MeasureResult,
     Record,
     Target,
@@ -37,6 +39,27 @@ log = logging.getLogger("tuner.dispatch")
 MAX_ATTEMPTS = 2
 # Trials a refusal names; the rest are counted.
 REFUSAL_IDS = 20
+# A verification trial is timed longer than a search trial: it decides what the build
+# runs, and its configs are near one another in speed, so noise must be smaller than
+# their differences. Twice the repeats (a steadier median), and each repeat at least
+# twice as long and never under 100 ms (a CPU's frequency and cache state settle; a
+# GPU's clocks warm), within the contract's bounds.
+VERIFY_REPEAT_FACTOR = 2
+VERIFY_MIN_REPEAT_MS = 100.0
+
+
+def verify_measure(measure: dict[str, Any]) -> dict[str, Any]:
+    """A job's measure options as its verification trials use them. Options that do not
+    read are handed on as they are: the worker reports that as the trial's failure."""
+    try:
+        options = MeasureOptions.model_validate(measure)
+    except ValidationError:
+        return measure
+    return options.model_copy(update={
+        "repeat": min(options.repeat * VERIFY_REPEAT_FACTOR, 1000),
+        "min_repeat_ms": min(max(2.0 * options.min_repeat_ms, VERIFY_MIN_REPEAT_MS),
+                             60_000.0),
+    }).model_dump()
 
 
 class WorkerRefused(ValueError):
@@ -137,9 +160,10 @@ def lease(session: Session, queue: DispatchQueue, worker: WorkerRow, limit: int,
         assert task is not None
         job = session.get(JobRow, task.job_id)
         assert job is not None
+        measure = verify_measure(job.measure) if trial.verify_round else job.measure
         out.append(LeasedTrial(trial_id=trial.id, task_id=task.id, template=task.template,
                                args=task.args, config=trial.config, target=job.target,
-                               measure=job.measure, lease_deadline=trial.lease_deadline))
+                               measure=measure, lease_deadline=trial.lease_deadline))
     return out, failed
 
 
@@ -211,8 +235,10 @@ def _store(session: Session, outcomes: list[Outcome]) -> bool:
     False (and nothing stored) when another report already recorded one of them. A
     record carries the measuring device's target (``opencl -model=pocl-cpu``), not the
     job's (which may be a bare ``opencl``). Task counters end as one-at-a-time updates
-    would leave them: the first of equal costs is the best. Raises ValueError (nothing
-    stored) when a trial's task row does not decode into a record."""
+    would leave them: the first of equal costs is the best. A verification trial's
+    record is marked with its config (``verified_config``) and counts in no counter: the
+    budget, the best cost and early stopping are the search's. Raises ValueError
+    (nothing stored) when a trial's task row does not decode into a record."""
     tasks = {t.id: t for t in session.scalars(
         select(TaskRow).where(TaskRow.id.in_(sorted({t.task_id for t, *_ in outcomes}))))}
     rows = [dict(record_row(Record.from_measure(
@@ -220,7 +246,8 @@ def _store(session: Session, outcomes: list[Outcome]) -> bool:
                      workload=Workload(template=tasks[trial.task_id].template,
                                        args=tasks[trial.task_id].args),
                      config=Config.model_validate(trial.config)),
-        result, info=info or None)), trial_id=trial.id)
+        result, info=info or None), verified_config=trial.config_index
+        if trial.verify_round else None), trial_id=trial.id)
         for trial, result, target, info in outcomes]
     try:
         with session.begin_nested():
@@ -231,6 +258,8 @@ def _store(session: Session, outcomes: list[Outcome]) -> bool:
     for trial, result, _target, _info in outcomes:
         trial.status, trial.error_no = TrialStatus.DONE, int(result.error_no)
         trial.lease_deadline = None
+        if trial.verify_round:
+            continue
         entry = per_task.setdefault(trial.task_id, [0, None, None])
         entry[0] += 1
         if result.ok and (entry[1] is None or result.mean_cost < entry[1]):

@@ -50,13 +50,15 @@ def submit(session: Session, spec: JobRequest) -> int:
             raise JobError(f"tasks[{i}]: {err}") from None
     job = JobRow(target=str(spec.target), status=JobStatus.QUEUED, tuner=spec.tuner,
                  n_trial=spec.n_trial, early_stopping=spec.early_stopping,
-                 plan_size=spec.plan_size, measure=spec.measure.model_dump())
+                 plan_size=spec.plan_size, measure=spec.measure.model_dump(),
+                 model=spec.model, verify_top=spec.verify_top)
     session.add(job)
     session.flush()
-    for workload in spec.tasks:
+    for i, workload in enumerate(spec.tasks):
         session.add(TaskRow(job_id=job.id, template=workload.template,
                             args=workload.args_json(), status=TaskStatus.QUEUED,
-                            trials_planned=0, trials_done=0))
+                            trials_planned=0, trials_done=0,
+                            layers=spec.layers[i] if spec.layers else None))
     session.flush()
     return job.id
 
@@ -138,10 +140,12 @@ def _waiting_for_worker(job: JobRow, served: set[str]) -> bool:
 
 
 def _curve(session: Session, task_id: int) -> list[tuple[int, float]]:
-    """(trial number, best cost so far) at each improvement, in order of arrival."""
+    """(trial number, best cost so far) at each improvement, in order of arrival; the
+    search's trials only (a verification measures its configs again)."""
     costs = session.scalars(
         select(RecordRow.mean_cost).join(TrialRow, TrialRow.id == RecordRow.trial_id)
-        .where(TrialRow.task_id == task_id).order_by(RecordRow.id)).all()
+        .where(TrialRow.task_id == task_id, TrialRow.verify_round == 0)
+        .order_by(RecordRow.id)).all()
     curve, best = [], None
     for number, cost in enumerate(costs, start=1):
         if cost < FAILED_COST and (best is None or cost < best):
@@ -206,7 +210,7 @@ def _task_item(job: JobRow, task: TaskRow) -> TaskView:
         trials_done=task.trials_done, trials_planned=task.trials_planned,
         n_trial=job.n_trial, best_cost=task.best_cost,
         best_gflops=flops / task.best_cost / 1e9 if flops and task.best_cost else None,
-        error=task.error)
+        error=task.error, layers=task.layers)
 
 
 def _job_item(job: JobRow, tasks: list[TaskRow], recent: tuple[int, float | None],
@@ -234,7 +238,7 @@ def _job_item(job: JobRow, tasks: list[TaskRow], recent: tuple[int, float | None
         waiting_for_worker=waiting,
         note=(f"no live worker serves '{job.target}'; start one: tuner worker "
               f"--server <this server> --token TOKEN") if waiting else None,
-        tasks=items)
+        tasks=items, model=job.model)
 
 
 def _describe_many(session: Session, jobs: Sequence[JobRow],
@@ -281,7 +285,8 @@ def list_jobs(session: Session, limit: int = 100, offset: int = 0, *,
 
 def task_trials(session: Session, job_id: int, task_id: int, after: int | None = None,
                 limit: int = MAX_TRIAL_PAGE) -> TrialPage | None:
-    """A task's measured trials in the order their results were stored, numbered from 1;
+    """A task's measured search trials in the order their results were stored, numbered
+    from 1 (a verification's measurements are records, not trials of the search);
     ``after`` (a trial id of this task) returns only those stored after it, numbered on,
     so a tuning curve is extended without fetching it again. None: no such task in job.
 
@@ -293,11 +298,12 @@ def task_trials(session: Session, job_id: int, task_id: int, after: int | None =
     measured = (select(RecordRow.id, TrialRow.id, RecordRow.error_no, RecordRow.mean_cost,
                        RecordRow.line)
                 .join(TrialRow, TrialRow.id == RecordRow.trial_id)
-                .where(TrialRow.task_id == task_id))
+                .where(TrialRow.task_id == task_id, TrialRow.verify_round == 0))
     start = 0
     if after is not None:
         mark = session.scalar(select(RecordRow.id).join(TrialRow, TrialRow.id == RecordRow.trial_id)
-                              .where(RecordRow.trial_id == after, TrialRow.task_id == task_id))
+                              .where(RecordRow.trial_id == after, TrialRow.task_id == task_id,
+                                     TrialRow.verify_round == 0))
         if mark is None:
             raise JobError(f"after: trial {after} is not a measured trial of task {task_id}")
         start = session.scalar(select(func.count()).select_from(

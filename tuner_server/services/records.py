@@ -7,10 +7,10 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
-from sqlalchemy import Text, and_, case, cast, func, insert, or_, select
+from sqlalchemy import Text, and_, case, cast, func, insert, not_, or_, select, union_all
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, aliased
@@ -20,7 +20,7 @@ from compiler.templates.history import (
     THIS_DEVICE,
     Ranked,
     Stored,
-    order,
+    device_order,
     pick,
     rank,
 )
@@ -36,6 +36,7 @@ from schemas.api import (
 from schemas.measure import FAILED_COST, check_info, check_measurement
 from schemas.text import one_line
 from tuner_server.db.models import RecordRow, record_hash
+from tuner_server.services.foreign_flops import foreign_flops
 
 log = logging.getLogger("tuner.records")
 
@@ -72,21 +73,29 @@ class BestAnswer:
     """The best record for one workload and which ApplyHistoryBest rule found it."""
 
     workload: Workload
-    record: Record | None
+    line: dict[str, Any] | None  # the winner's stored AutoTVM line, as stored
     rule: str  # "model", "target_key:<key>" or "none"
+
+    @cached_property
+    def record(self) -> Record | None:
+        """The winner as a Record (parsed on first use: the wire answer sends the line
+        as stored, and ``best`` only picks lines that read as records)."""
+        return None if self.line is None else Record.from_json(self.line)
 
     def item(self) -> BestItem:
         """This answer on the wire (the route's and ``tuner.Database``'s)."""
-        return BestItem(workload=self.workload, rule=self.rule,
-                        record=self.record.to_json() if self.record else None)
+        return BestItem(workload=self.workload, rule=self.rule, record=self.line)
 
 
-def record_row(record: Record, source: str = "measured") -> dict[str, Any]:
+def record_row(record: Record, source: str = "measured",
+               verified_config: int | None = None) -> dict[str, Any]:
     """The records row of ``record``; ``source``: "measured" (this fleet's trial) or
-    "imported" (a log line someone posted), which ``best`` ranks below a measurement."""
+    "imported" (a log line someone posted), which ``best`` ranks below a measurement;
+    ``verified_config``: the config index a verification trial measured again."""
     target = record.target
     return {
         "source": source,
+        "verified_config": verified_config,
         "target": str(target),
         "target_kind": target.kind,
         "target_model": target.model,
@@ -272,19 +281,23 @@ def query(session: Session, target: Target | None = None, template: str | None =
     return total, [r for row_id, line in rows if (r := _read(line, row_id)) is not None]
 
 
-def stored_of(session: Session, workloads: Sequence[Workload]) -> list[tuple[Record, bool]]:
+def stored_of(session: Session, workloads: Sequence[Workload]
+              ) -> list[tuple[Record, bool, bool]]:
     """Every stored record of ``workloads`` (any target) in storage order, each with
-    whether it is the fleet's measurement (not an import): what a build reading the
-    database directly ranks, as ``best`` does."""
+    whether it is the fleet's measurement (not an import) and whether it is a
+    verification's: what a build reading the database directly ranks, as ``best``
+    does."""
     keys = list(dict.fromkeys(w.key for w in workloads))
-    found: list[tuple[int, Record, bool]] = []
+    found: list[tuple[int, Record, bool, bool]] = []
     for start in range(0, len(keys), BATCH):
-        rows = session.execute(select(RecordRow.id, RecordRow.line, RecordRow.source)
+        rows = session.execute(select(RecordRow.id, RecordRow.line, RecordRow.source,
+                                      RecordRow.verified_config)
                                .where(RecordRow.workload_key.in_(keys[start:start + BATCH])))
-        found += [(row_id, r, source == "measured") for row_id, line, source in rows
+        found += [(row_id, r, source == "measured", verified is not None)
+                  for row_id, line, source, verified in rows
                   if (r := _read(line, row_id)) is not None]
     found.sort(key=lambda f: f[0])
-    return [(record, measured) for _id, record, measured in found]
+    return [(record, measured, verified) for _id, record, measured, verified in found]
 
 
 @lru_cache(maxsize=1024)
@@ -304,7 +317,8 @@ def _stored(rows: Iterable[Any]) -> dict[str, list[Stored[int]]]:
         target = _target_of(row.target)
         if target is not None:
             out.setdefault(row.workload_key, []).append(Stored(
-                row.id, target, row.mean_cost, row.error_no, row.source == "measured"))
+                row.id, target, row.mean_cost, row.error_no, row.source == "measured",
+                row.verified_config))
     return out
 
 
@@ -319,7 +333,10 @@ def _workload_of(key: str) -> Workload | None:
 
 
 _STORED = (RecordRow.id, RecordRow.workload_key, RecordRow.target, RecordRow.mean_cost,
-           RecordRow.error_no, RecordRow.source)
+           RecordRow.error_no, RecordRow.source, RecordRow.verified_config)
+# What the rule ranks: working records, and every verification record (a failed round
+# counts against its config's median).
+_RANKED = or_(RecordRow.error_no == 0, RecordRow.verified_config.is_not(None))
 
 
 @lru_cache(maxsize=65536)
@@ -329,9 +346,19 @@ def _config_of(text: str) -> Config:
     return Config.model_validate(json.loads(text))
 
 
+# Whether a stored line reads as a record, by a digest of its text: a line's verdict
+# depends on its text alone, so a process checks each winner once, not per request.
+_READABLE: dict[bytes, bool] = {}
+MAX_READABLE = 200_000  # digests remembered (~20 MB at most); then forgotten at once
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
 class _Lines:
-    """Stored lines read on demand, ``chunk`` at a time in the rule's rank order, so
-    that checking a winner reads its line, not every candidate's."""
+    """Stored lines read on demand, in batches, in the rule's rank order, so that
+    checking a winner reads its line, not every candidate's."""
 
     def __init__(self, session: Session, chunk: int = 16) -> None:
         self.session = session
@@ -339,6 +366,7 @@ class _Lines:
         self.texts: dict[int, str] = {}
 
     def load(self, ids: Iterable[int]) -> None:
+        """Read the lines of ``ids`` not read yet: one query per BATCH of them."""
         wanted = [i for i in dict.fromkeys(ids) if i not in self.texts]
         for start in range(0, len(wanted), BATCH):
             rows = self.session.execute(
@@ -357,11 +385,24 @@ class _Lines:
         except (ValueError, KeyError, TypeError):
             return None
 
-    def reader(self, ids: Sequence[int],
-               whole: bool = True) -> Callable[[int], Config | None]:
+    def whole_config(self, row_id: int) -> Config | None:
+        """The config of a line that reads as a record (records/best), else None; a
+        line not read yet counts as unreadable (``load`` it first)."""
+        text = self.texts.get(row_id)
+        if text is None:
+            return None
+        digest = _digest(text)
+        readable = _READABLE.get(digest)
+        if readable is None:
+            readable = self.record(row_id) is not None
+            if len(_READABLE) >= MAX_READABLE:
+                _READABLE.clear()
+            _READABLE[digest] = readable
+        return self.config(row_id) if readable else None
+
+    def reader(self, ids: Sequence[int]) -> Callable[[int], Config | None]:
         """``config_of`` for ``history.pick`` over candidates ``ids`` (in rank order), a
-        miss reading the next chunk; ``whole``: only a line that reads as a record
-        counts (records/best)."""
+        miss reading the next chunk (the pretuned log)."""
 
         def config_of(row_id: int) -> Config | None:
             if row_id not in self.texts:
@@ -369,56 +410,105 @@ class _Lines:
                 self.load(ids[at:at + self.chunk])
             if row_id not in self.texts:
                 return None
-            if whole:
-                record = self.record(row_id)
-                return None if record is None else record.config
             return self.config(row_id)
 
         return config_of
 
 
+def _candidates(session: Session, keys: Sequence[str], tier: Any
+                ) -> dict[str, list[Stored[int]]]:
+    """One tier's stored candidates of the workloads ``keys``, in storage order: one
+    query per BATCH keys (a records/best request holds at most that many)."""
+    out: dict[str, list[Stored[int]]] = {}
+    for start in range(0, len(keys), BATCH):
+        rows = session.execute(
+            select(*_STORED)
+            .where(RecordRow.workload_key.in_(keys[start:start + BATCH]), _RANKED, tier)
+            .order_by(RecordRow.id))
+        for key, entries in _stored(rows).items():
+            out.setdefault(key, []).extend(entries)
+    return out
+
+
+# Candidates whose lines a round of ``_pick_all`` reads per workload still open: the
+# favourite first (it wins unless its config left the space), then 8 times more a round.
+FIRST_ROUND, GROWTH = 1, 8
+
+
+def _pick_all(workloads: dict[str, Workload], ranked: dict[str, list[Ranked[int]]],
+              lines: _Lines, limits: DeviceLimits | None
+              ) -> dict[str, Ranked[int]]:
+    """``history.pick`` for every workload of ``ranked`` (key -> candidates in rank
+    order): the winners by key. Lines are read in rounds shared by all workloads (each
+    one's next few candidates, one query per BATCH lines), so a batch of workloads
+    costs a few queries, whatever its size; picking a prefix of the candidates, then
+    the next, finds the winner picking all of them at once would."""
+    winners: dict[str, Ranked[int]] = {}
+    at = {key: 0 for key, candidates in ranked.items() if candidates}
+    size = FIRST_ROUND
+    while at:
+        lines.load(c.item for key, start in at.items()
+                   for c in ranked[key][start:start + size])
+        for key, start in list(at.items()):
+            window = ranked[key][start:start + size]
+            verdict = pick(workloads[key], window, lines.whole_config, limits)
+            if verdict.winner is not None:
+                winners[key] = verdict.winner
+                del at[key]
+            elif start + size >= len(ranked[key]):
+                del at[key]
+            else:
+                at[key] = start + size
+        size *= GROWTH
+    return winners
+
+
 def best(session: Session, workloads: Sequence[Workload], target: Target,
          limits: DeviceLimits | None = None) -> list[BestAnswer]:
     """The one ApplyHistoryBest rule (``compiler.templates.history``) over the stored
-    records: this device (same kind and model, the fleet's measurements before imports),
-    then each of the target's keys in order; cheapest first, ties to the first stored;
-    only configs that decode in the template's space (and fit ``limits`` when known).
+    records: this device (same kind and model; verified configs by their median, then the
+    fleet's measurements, then imports), then each of the target's keys in order;
+    cheapest first, ties to the first stored; only configs that decode in the template's
+    space (and fit ``limits`` when known).
 
-    The database gives each workload's candidates (ids, targets, costs); the lines are
-    read only as far as each winner."""
-    keys = list(dict.fromkeys(w.key for w in workloads))
-    tiers = [RecordRow.target_keys.contains(f",{k},", autoescape=True) for k in target.keys]
-    if target.model != "unknown":
-        tiers.append(and_(RecordRow.target_kind == target.kind,
-                          RecordRow.target_model == target.model))
-    stored: dict[str, list[Stored[int]]] = {}
-    if tiers:
-        for start in range(0, len(keys), BATCH):
-            stored.update(_stored(session.execute(
-                select(*_STORED)
-                .where(RecordRow.workload_key.in_(keys[start:start + BATCH]),
-                       RecordRow.error_no == 0, or_(*tiers))
-                .order_by(RecordRow.id))))
-    ranked = {key: rank(entries, target) for key, entries in stored.items()}
+    A batch costs one query per tier, not per workload: this device's candidates (ids,
+    targets, costs) of every workload asked, then the other devices' of those still
+    without a winner; the lines are read in rounds shared by all workloads, only as far
+    as each winner (``_pick_all``)."""
+    keys = [w.key for w in workloads]  # a key is computed each time: once here
+    asked = dict(zip(keys, workloads))  # one workload per key (one key's are alike)
     lines = _Lines(session)
-    lines.load(r[0].item for r in ranked.values() if r)  # each workload's favourite
-    found: dict[str, tuple[Record, str]] = {}
-    for workload in workloads:
-        if workload.key in found or workload.key not in ranked:
-            continue
-        candidates = ranked[workload.key]
-        verdict = pick(workload, candidates, lines.reader([c.item for c in candidates]),
-                       limits)
-        if verdict.winner is not None:
-            won = verdict.winner
-            record = lines.record(won.item)
-            assert record is not None  # pick never returns an unreadable candidate
-            rule = "model" if won.source == THIS_DEVICE else f"target_key:{won.key}"
-            found[workload.key] = (record, rule)
+    winners: dict[str, Ranked[int]] = {}
+    # one query per tier for the whole batch: this device, then (for the workloads it
+    # left without a winner) the other devices by the target's keys. The rule ranks this
+    # device's records first, so a winner among them is the winner of all.
+    # compared as ``column || ''``: no index of the target's columns, so the planner reads
+    # these workloads' records through ix_records_best, not every record of the kind
+    # (SQLite without statistics walked ix_records_target_kind: 12x slower)
+    here = (and_(RecordRow.target_kind.concat("") == target.kind,
+                 RecordRow.target_model.concat("") == target.model)
+            if target.model != "unknown" else None)
+    if here is not None:
+        winners = _pick_all(asked, {key: rank(entries, target) for key, entries
+                                    in _candidates(session, list(asked), here).items()},
+                            lines, limits)
+    rest = [key for key in asked if key not in winners]
+    if rest and target.keys:
+        by_key = or_(*[RecordRow.target_keys.contains(f",{k},", autoescape=True)
+                       for k in target.keys])
+        others = _candidates(session, rest, by_key if here is None
+                             else and_(by_key, not_(here)))
+        ranked = {key: [r for r in rank(entries, target) if r.source != THIS_DEVICE]
+                  for key, entries in others.items()}
+        winners.update(_pick_all(asked, ranked, lines, limits))
     answers = []
-    for workload in workloads:
-        record, rule = found.get(workload.key, (None, "none"))
-        answers.append(BestAnswer(workload, record, rule))
+    for workload, key in zip(workloads, keys):
+        won = winners.get(key)
+        if won is None:
+            answers.append(BestAnswer(workload, None, "none"))
+            continue
+        rule = "model" if won.source == THIS_DEVICE else f"target_key:{won.key}"
+        answers.append(BestAnswer(workload, json.loads(lines.texts[won.item]), rule))
     return answers
 
 
@@ -467,20 +557,27 @@ def pretuned_log(session: Session, target: Target) -> tuple[list[str], str]:
     """Best record per (device model, workload) among ``target``'s records, as AutoTVM
     lines, plus an ETag that changes whenever the answer does.
 
-    Each group's winner is the rule's this-device choice (``history.order`` then
-    ``history.pick``, limits unknown): measured first, then cheapest, then first stored,
-    and only a config that decodes in the template's space. A line is sent as stored
-    (every stored line is ``Record.to_line()``), not re-serialised."""
+    Each group's winner is the rule's this-device choice (``history.device_order`` then
+    ``history.pick``, limits unknown): verified configs by their median first, then
+    measured, then cheapest, then first stored, and only a config that decodes in the
+    template's space; a verified winner's line is its median measurement. A line is sent
+    as stored (every stored line is ``Record.to_line()``), not re-serialised."""
     groups: dict[tuple[str, str], list[Stored[int]]] = {}  # (workload key, model)
-    rows = session.execute(select(*_STORED, RecordRow.target_model)
-                           .where(RecordRow.error_no == 0, *_target_filter(target))
-                           .order_by(RecordRow.id))
-    for row_id, key, text, cost, error_no, source, model in rows:
+    # _RANKED as two disjoint halves: the working records through their index
+    # (ix_records_groups), the failed verification rounds through ix_records_verified;
+    # an OR of the two scans the table on SQLite (1.4x slower over 100k records)
+    columns = (*_STORED, RecordRow.target_model)
+    where = _target_filter(target)
+    rows = session.execute(union_all(
+        select(*columns).where(RecordRow.error_no == 0, *where),
+        select(*columns).where(RecordRow.verified_config.is_not(None),
+                               RecordRow.error_no != 0, *where)).order_by("id"))
+    for row_id, key, text, cost, error_no, source, verified, model in rows:
         row_target = _target_of(text)
         if row_target is not None:
             groups.setdefault((key, model), []).append(
-                Stored(row_id, row_target, cost, error_no, source == "measured"))
-    ordered = {group: [e.item for e in order(entries, True)]
+                Stored(row_id, row_target, cost, error_no, source == "measured", verified))
+    ordered = {group: [e.item for e in device_order(entries)]
                for group, entries in groups.items()}
     lines = _Lines(session)
     lines.load(ids[0] for ids in ordered.values() if ids)
@@ -491,7 +588,7 @@ def pretuned_log(session: Session, target: Target) -> tuple[list[str], str]:
         if workload is None:
             continue
         candidates = (Ranked(THIS_DEVICE, None, i) for i in ids)
-        verdict = pick(workload, candidates, lines.reader(ids, whole=False))
+        verdict = pick(workload, candidates, lines.reader(ids))
         if verdict.winner is not None:
             winners.append((model, key, lines.texts[verdict.winner.item]))
     out = [text for _model, _key, text in sorted(winners)]
@@ -509,6 +606,8 @@ def workload_flops(template: str, args: Any) -> float | None:
 def _flops(template: str, args_json: str) -> float | None:
     try:
         flops = float(get_template(template).flops(Workload(template=template, args=args_json)))
+    except UnknownTemplateError:  # an imported TopHub template this package lacks
+        return foreign_flops(template, json.loads(args_json))
     except Exception:  # noqa: BLE001 - any template failure just means "no figure"
         return None
     return flops if flops > 0 else None

@@ -41,6 +41,9 @@ RESYNC_EVERY_S = 5.0
 MAX_REASON = 500
 # A condition that persists (a worker row that does not parse) is logged this often.
 WARN_EVERY_S = 60.0
+# Rounds of a task's verification: each of its configs is measured once a round, so a
+# config's verified cost is the median of this many measurements.
+VERIFY_ROUNDS = 3
 
 
 @dataclass
@@ -200,15 +203,67 @@ def _end_task(session: Session, task: TaskRow) -> None:
                                else (TaskStatus.DONE, None))
 
 
+def _outstanding(session: Session, task_id: int,
+                 statuses: tuple[TrialStatus, ...] = (TrialStatus.QUEUED, TrialStatus.LEASED)
+                 ) -> int:
+    return session.scalar(select(func.count()).select_from(TrialRow).where(
+        TrialRow.task_id == task_id, TrialRow.status.in_(statuses))) or 0
+
+
+def _verification(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow]:
+    """The verification of a task whose search ended, in the order a worker is to lease
+    it: its ``verify_top`` best distinct configs by recorded cost, then the template's
+    default config when the search ran it (so the default competes on equal terms),
+    ``VERIFY_ROUNDS`` rounds of them interleaved (c1, c2, c3, d, c1, c2, c3, d, ...): a
+    drift in the device's speed (load, clocks, heat) then falls on every config alike.
+    Empty when fewer than two configs qualify: there is nothing to choose between."""
+    workload = Workload(template=task.template, args=task.args)
+    default = get_template(task.template).default_config(workload).index
+    measured = session.execute(
+        select(TrialRow.config_index, TrialRow.config, RecordRow.error_no)
+        .join(RecordRow, RecordRow.trial_id == TrialRow.id)
+        .where(TrialRow.task_id == task.id, TrialRow.verify_round == 0)
+        .order_by(RecordRow.mean_cost, RecordRow.id)).all()
+    # a search trial per config (the trials' unique key): no config comes twice
+    configs = [(index, config) for index, config, error_no in measured
+               if error_no == 0 and index != default][:job.verify_top]
+    configs += [(index, config) for index, config, _ in measured if index == default]
+    if len(configs) < 2:
+        return []
+    queue = queue_name(Target.parse(job.target))
+    return [TrialRow(task_id=task.id, queue=queue, config=config, config_index=index,
+                     status=TrialStatus.QUEUED, attempts=0, verify_round=round_)
+            for round_ in range(1, VERIFY_ROUNDS + 1) for index, config in configs]
+
+
+def _end_search(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow]:
+    """A task whose search ended (budget, early stopping, space exhausted) is verified
+    (``_verification``) once its leased search trials are in, then ends; a job without
+    verification ends it at once."""
+    withdraw_queued(session, [task.id])  # early stop: the rest of the plan is not needed
+    if job.verify_top <= 0:
+        _end_task(session, task)
+        return []
+    if _outstanding(session, task.id, (TrialStatus.LEASED,)):
+        return []  # their results may be among the best
+    trials = _verification(session, job, task)
+    if not trials:
+        _end_task(session, task)
+        return []
+    session.add_all(trials)  # in this order: the queue hands them out by id
+    task.status = TaskStatus.VERIFYING
+    return trials
+
+
 def _plan_task(session: Session, job: JobRow, task: TaskRow,
                limits: DeviceLimits | None, state: SearchState) -> list[TrialRow]:
-    outstanding = session.scalar(select(func.count()).select_from(TrialRow).where(
-        TrialRow.task_id == task.id, TrialRow.status.in_((TrialStatus.QUEUED, TrialStatus.LEASED)))) or 0
-    if task.trials_done >= job.n_trial or _stopped_early(task, job):
-        _end_task(session, task)
-        if outstanding:  # early stop: the rest of the plan is not needed
-            withdraw_queued(session, [task.id])
+    if task.status == TaskStatus.VERIFYING:
+        if not _outstanding(session, task.id):
+            _end_task(session, task)
         return []
+    outstanding = _outstanding(session, task.id)
+    if task.trials_done >= job.n_trial or _stopped_early(task, job):
+        return _end_search(session, job, task)
     want = min(job.plan_size, job.n_trial - task.trials_planned)
     if outstanding >= job.plan_size or want <= 0:
         return []
@@ -228,8 +283,7 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow,
     if want > len(configs):
         configs += tuner.next_batch(want - len(configs), visited, history)
     if not configs and outstanding == 0:
-        _end_task(session, task)  # the valid space is exhausted
-        return []
+        return _end_search(session, job, task)  # the valid space is exhausted
     queue = queue_name(Target.parse(job.target))
     trials = [TrialRow(task_id=task.id, queue=queue, config=c.to_json(), config_index=c.index,
                        status=TrialStatus.QUEUED, attempts=0) for c in configs]
@@ -283,7 +337,8 @@ def _job_failure(session: Session, failed: list[tuple[int, str | None]]) -> str:
 
 
 def _settle(session: Session, job: JobRow) -> None:
-    """A job whose tasks all ended is done, or failed when every one of them failed."""
+    """A job whose tasks all ended is done, or failed when every one of them failed; a
+    task still verifying keeps it running."""
     rows = session.execute(select(TaskRow.id, TaskRow.status, TaskRow.error)
                            .where(TaskRow.job_id == job.id).order_by(TaskRow.id)).all()
     statuses = [status for _, status, _ in rows]
@@ -295,7 +350,7 @@ def _settle(session: Session, job: JobRow) -> None:
             job.error = _job_failure(session, failed)[:MAX_REASON]
         else:
             job.status = JobStatus.DONE
-    elif TaskStatus.RUNNING in statuses:
+    elif TaskStatus.RUNNING in statuses or TaskStatus.VERIFYING in statuses:
         job.status = JobStatus.RUNNING
 
 

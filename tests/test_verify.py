@@ -1,0 +1,429 @@
+"""Builds are never fooled by noise (issue 17, point 5): when a task's search ends, its
+best configs and the template's default are measured again, interleaved, and the one
+ApplyHistoryBest rule ranks a device's verified configs by their median before any
+unverified record. On SQLite and PostgreSQL: the verification's plan and lease order,
+its measure options, counters and states; the rule over stored rows (records/best,
+the pretuned log, a build reading the database); the migration from 0005; and an
+embedded `tuner tune` on PoCL whose `tuner records best` is the verified winner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from server_fixtures import BACKENDS, empty_database, migrated_sessions, opencl_target
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from compiler.records import Candidate, choose_one
+from compiler.templates import get_template
+from compiler.templates.history import THIS_DEVICE, Stored, device_order, rank
+from schemas import DeviceLimits, MeasureErrorNo, MeasureOptions, MeasureResult, Target, Workload
+from schemas.api import JobRequest
+from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow
+from tuner_server.queue.sql import SqlQueue
+from tuner_server.services import dispatch, jobs
+from tuner_server.services import records as svc
+from tuner_server.services.scheduler import VERIFY_ROUNDS, SearchState, plan_once
+
+TARGET = "opencl -model=pocl-cpu"
+DENSE = "dense_small_batch.gpu"
+DENSE_ARGS: list[Any] = [["TENSOR", [1, 256], "float32"], ["TENSOR", [64, 256], "float32"],
+                         None, "float32"]  # 9 configs, the default is index 6
+WORKLOAD = Workload(template=DENSE, args=DENSE_ARGS)
+DEFAULT = get_template(DENSE).default_config(WORKLOAD).index
+MEASURE = MeasureOptions(number=1, repeat=3, min_repeat_ms=20.0)
+
+
+@pytest.fixture(params=BACKENDS)
+def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    with migrated_sessions(request.param, tmp_path) as made:
+        yield made
+
+
+def _submit(session: Session, verify_top: int, n_trial: int = 6,
+            early_stopping: int | None = None) -> int:
+    return jobs.submit(session, JobRequest(
+        target=Target.parse(TARGET), tasks=[WORKLOAD], n_trial=n_trial, plan_size=n_trial,
+        tuner="random", measure=MEASURE, verify_top=verify_top,
+        early_stopping=early_stopping))
+
+
+def _plan(sessions: sessionmaker[Session], state: SearchState) -> list[int]:
+    with sessions.begin() as session:
+        _stats, new, _requeued = plan_once(session, SqlQueue(), state)
+        return [t.id for t in new]
+
+
+def _measure(sessions: sessionmaker[Session], worker_id: int,
+             cost: dict[tuple[int, int], float | None]) -> list[tuple[int, int, dict[str, Any]]]:
+    """Lease everything queued as the worker and report ``cost[(round, config index)]``
+    (None: error 4); returns (round, config index, measure options) in lease order."""
+    with sessions.begin() as session:
+        worker = dispatch.get_worker(session, worker_id)
+        assert worker is not None
+        leased, failed = dispatch.lease(session, SqlQueue(), worker, 100, 60.0)
+        assert not failed
+        rows = {t.id: t for t in session.scalars(select(TrialRow).where(
+            TrialRow.id.in_([x.trial_id for x in leased])))}
+        order = [(rows[x.trial_id].verify_round, rows[x.trial_id].config_index, x.measure)
+                 for x in leased]
+        results = []
+        for x, (round_, index, _) in zip(leased, order, strict=True):
+            value = cost[(round_, index)]
+            result = (MeasureResult(costs=(value,) * 3, error_no=MeasureErrorNo.NO_ERROR,
+                                    all_cost=0.1, timestamp=time.time())
+                      if value is not None else
+                      MeasureResult.failure(MeasureErrorNo.RUNTIME_DEVICE, "broken"))
+            results.append((x.trial_id, result, None))
+        dispatch.report(session, worker, results)
+    return order
+
+
+def _worker(sessions: sessionmaker[Session]) -> int:
+    with sessions.begin() as session:
+        return dispatch.register(session, "w", Target.parse(TARGET), DeviceLimits(), None,
+                                 60.0).id
+
+
+def _state(session: Session, job_id: int) -> tuple[str, str, int]:
+    job = session.get(JobRow, job_id)
+    task = session.scalars(select(TaskRow).where(TaskRow.job_id == job_id)).one()
+    assert job is not None
+    return job.status, task.status, task.trials_done
+
+
+def test_a_task_ends_by_verifying_its_best_configs_and_the_default_interleaved(
+        sessions: sessionmaker[Session]) -> None:
+    """At its budget a task plans VERIFY_ROUNDS rounds of its 3 cheapest configs other
+    than the default, then the default, leased in that interleaved order with twice the
+    repeats; they count in no counter, the job runs until they are in, and then the
+    config whose verified median is lowest wins records/best, the pretuned log and a
+    build reading the database, although its search record was not the cheapest."""
+    state = SearchState()
+    worker = _worker(sessions)
+    with sessions.begin() as session:
+        job_id = _submit(session, verify_top=3)
+    assert len(_plan(sessions, state)) == 6
+    with sessions() as session:
+        searched = [t.config_index for t in session.scalars(
+            select(TrialRow).order_by(TrialRow.id))]
+    assert searched[0] == DEFAULT and len(set(searched)) == 6
+    others = searched[1:]
+    # search costs: the default 5 ms, the others 1, 2, 3, 4, 6 ms in plan order
+    search_cost = {DEFAULT: 5e-3, **{i: c * 1e-3 for i, c in zip(others, (1, 2, 3, 4, 6))}}
+    order = _measure(sessions, worker, {(0, i): c for i, c in search_cost.items()})
+    assert [i for _, i, _ in order] == searched and all(m == MEASURE.model_dump()
+                                                        for *_, m in order)
+    planned = _plan(sessions, state)
+    assert len(planned) == 4 * VERIFY_ROUNDS
+    with sessions() as session:
+        assert _state(session, job_id) == ("running", "verifying", 6)
+        job = jobs.describe(session, job_id, lease_s=60.0)
+        assert job is not None and job.tasks[0].status == "verifying"
+        assert job.trials_done == 6 and len(job.tasks[0].curve or []) == 2
+        page = jobs.task_trials(session, job_id, job.tasks[0].id)
+        assert page is not None and len(page.items) == 6  # the search's trials only
+    top = others[:3]  # the three cheapest that are not the default
+    expected = [(r, i) for r in range(1, VERIFY_ROUNDS + 1) for i in [*top, DEFAULT]]
+    # verified: the search's cheapest (1 ms) is really 3 ms; the second 2 ms; the third
+    # fails twice; the default 2.5 ms
+    verified = {top[0]: (3e-3, 2.9e-3, 3.1e-3), top[1]: (2.1e-3, 1.9e-3, 2.0e-3),
+                top[2]: (1e-4, None, None), DEFAULT: (2.5e-3, 2.5e-3, 2.5e-3)}
+    order = _measure(sessions, worker, {(r, i): verified[i][r - 1] for r, i in expected})
+    assert [(r, i) for r, i, _ in order] == expected
+    assert all(m["repeat"] == 6 and m["min_repeat_ms"] == 100.0 and m["number"] == 1
+               for *_, m in order)
+    with sessions() as session:
+        assert _state(session, job_id) == ("running", "verifying", 6)
+        task = session.scalars(select(TaskRow)).one()
+        assert task.best_cost == pytest.approx(1e-3)  # the search's, untouched
+        job = jobs.describe(session, job_id, lease_s=60.0)  # 0.1 ms verified: no new point
+        assert job is not None and len(job.tasks[0].curve or []) == 2
+        page = jobs.task_trials(session, job_id, task.id)
+        assert page is not None and len(page.items) == 6
+        marks = session.execute(select(RecordRow.verified_config, TrialRow.verify_round)
+                                .join(TrialRow, TrialRow.id == RecordRow.trial_id)).all()
+        assert sorted(marks, key=str) == sorted(
+            [(None, 0)] * 6 + [(i, r) for r, i in expected], key=str)
+    assert _plan(sessions, state) == []
+    with sessions() as session:
+        assert _state(session, job_id) == ("done", "done", 6)
+        [answer] = svc.best(session, [WORKLOAD], Target.parse(TARGET))
+        assert answer.rule == "model" and answer.record is not None
+        assert answer.record.config.index == top[1]
+        assert answer.record.result.mean_cost == pytest.approx(2.0e-3)  # its median
+        lines, _etag = svc.pretuned_log(session, Target.parse(TARGET))
+        assert [json.loads(line)["config"]["index"] for line in lines] == [top[1]]
+        candidates = [Candidate(r, "db", measured, verified)
+                      for r, measured, verified in svc.stored_of(session, [WORKLOAD])]
+    choice = choose_one(WORKLOAD, candidates, Target.parse(TARGET), DeviceLimits())
+    assert choice.source == THIS_DEVICE and choice.record == answer.record
+
+
+def test_verify_top_zero_ends_the_task_at_its_budget(sessions: sessionmaker[Session]) -> None:
+    """verify_top=0: no verification; the task and job end as soon as the budget is in,
+    and the cheapest search record wins as before."""
+    state = SearchState()
+    worker = _worker(sessions)
+    with sessions.begin() as session:
+        job_id = _submit(session, verify_top=0, n_trial=3)
+    _plan(sessions, state)
+    with sessions() as session:
+        indices = list(session.scalars(select(TrialRow.config_index).order_by(TrialRow.id)))
+    _measure(sessions, worker, {(0, i): c for i, c in zip(indices, (3e-3, 1e-3, 2e-3))})
+    assert _plan(sessions, state) == []
+    with sessions() as session:
+        assert _state(session, job_id) == ("done", "done", 3)
+        assert session.scalar(select(sa.func.count()).select_from(TrialRow)) == 3
+        [answer] = svc.best(session, [WORKLOAD], Target.parse(TARGET))
+        assert answer.record is not None and answer.record.config.index == indices[1]
+
+
+def test_a_task_with_one_working_config_has_nothing_to_verify(
+        sessions: sessionmaker[Session]) -> None:
+    """Only the default worked (the other config failed): with one candidate there is
+    nothing to compare, so the task ends at its budget without a verification."""
+    state = SearchState()
+    worker = _worker(sessions)
+    with sessions.begin() as session:
+        job_id = _submit(session, verify_top=3, n_trial=2)
+    _plan(sessions, state)
+    with sessions() as session:
+        indices = list(session.scalars(select(TrialRow.config_index).order_by(TrialRow.id)))
+    assert indices[0] == DEFAULT
+    _measure(sessions, worker, {(0, DEFAULT): 1e-3, (0, indices[1]): None})
+    assert _plan(sessions, state) == []
+    with sessions() as session:
+        assert _state(session, job_id) == ("done", "done", 2)
+
+
+def test_an_early_stop_verifies_after_its_leased_trials_are_in(
+        sessions: sessionmaker[Session]) -> None:
+    """Early stopping with a search trial still leased: the queued rest is withdrawn,
+    the verification waits for the leased result (it may be among the best) and then
+    takes it in; verify_top larger than the configs measured takes them all."""
+    state = SearchState()
+    worker = _worker(sessions)
+    with sessions.begin() as session:
+        job_id = _submit(session, verify_top=8, n_trial=8, early_stopping=1)
+    _plan(sessions, state)
+    with sessions.begin() as session:
+        db_worker = dispatch.get_worker(session, worker)
+        assert db_worker is not None
+        first, second = dispatch.lease(session, SqlQueue(), db_worker, 2, 60.0)[0]
+        ok = MeasureResult(costs=(1e-3,), error_no=MeasureErrorNo.NO_ERROR, all_cost=0.1,
+                           timestamp=time.time())
+        worse = ok.model_copy(update={"costs": (2e-3,)})
+        dispatch.report(session, db_worker, [(first.trial_id, ok, None)])
+        dispatch.report(session, db_worker, [(second.trial_id, worse, None)])
+        third = dispatch.lease(session, SqlQueue(), db_worker, 1, 60.0)[0][0]
+    assert _plan(sessions, state) == []  # stopped early; waiting for the third
+    with sessions() as session:
+        statuses = [t.status for t in session.scalars(select(TrialRow).order_by(TrialRow.id))]
+        assert statuses == ["done", "done", "leased"] + ["cancelled"] * 5
+        assert _state(session, job_id) == ("running", "running", 2)
+    with sessions.begin() as session:
+        db_worker = dispatch.get_worker(session, worker)
+        assert db_worker is not None
+        dispatch.report(session, db_worker, [(third.trial_id, worse, None)])
+    assert len(_plan(sessions, state)) == 3 * VERIFY_ROUNDS
+    with sessions() as session:
+        assert _state(session, job_id)[1] == "verifying"
+
+
+# --------------------------------------------------------------------------- the rule
+
+CPU = Target.parse(TARGET)
+OTHER = Target.parse("opencl -model=other-cpu")
+
+
+def _entry(name: str, cost: float, verifies: int | None = None, error_no: int = 0,
+           target: Target = CPU, measured: bool = True) -> Stored[str]:
+    return Stored(name, target, cost, error_no, measured, verifies)
+
+
+def test_verified_configs_rank_by_median_before_every_unverified_record() -> None:
+    """A config whose search record was cheapest but whose verification was slower loses;
+    each verified config is tried as its median measurement; a config that failed half
+    its rounds (upper median) cannot win; the device's unverified records follow."""
+    entries = [
+        _entry("search a", 1e-3), _entry("search b", 2e-3), _entry("import", 5e-4,
+                                                                   measured=False),
+        _entry("a1", 3e-3, 1), _entry("b1", 2.2e-3, 2), _entry("c1", 1e-4, 3),  # c: 1 of 2
+        _entry("a2", 2.8e-3, 1), _entry("b2", 1.8e-3, 2), _entry("c2", 0.0, 3, error_no=4),
+        _entry("a3", 3.2e-3, 1), _entry("b3", 2.0e-3, 2),
+        _entry("d1", 4e-3, 4), _entry("d2", 5e-3, 4), _entry("d3", 0.0, 4, error_no=4),
+        _entry("d4", 6e-3, 4),  # 4, 5, 6 ms and a failure: the upper median, 6 ms
+        _entry("e1", 1e-4, 5), _entry("e2", 0.0, 5, error_no=7),  # half failed: out
+        _entry("elsewhere", 1e-5, target=OTHER, measured=True),
+    ]
+    assert [e.item for e in device_order(entries[:-1])] == [
+        "b3", "a1", "d4", "search a", "search b", "import"]
+    ranked = rank(entries, Target.parse("opencl -model=pocl-cpu"))
+    assert [(r.source, r.item) for r in ranked][:6] == [
+        (THIS_DEVICE, "b3"), (THIS_DEVICE, "a1"), (THIS_DEVICE, "d4"),
+        (THIS_DEVICE, "search a"), (THIS_DEVICE, "search b"), (THIS_DEVICE, "import")]
+    # this device's other verified measurements never come back as another device's
+    assert [r.item for r in ranked[6:]] == ["elsewhere"]
+
+
+def test_ties_of_medians_go_to_the_config_first_stored_and_without_verified_nothing_changes(
+        ) -> None:
+    entries = [_entry("x1", 2e-3, 7), _entry("y1", 2e-3, 8), _entry("s", 1e-3)]
+    assert [e.item for e in device_order(entries)] == ["x1", "y1", "s"]
+    plain = [_entry("s2", 2e-3), _entry("imp", 1e-3, measured=False), _entry("s1", 1e-3)]
+    assert [e.item for e in device_order(plain)] == ["s1", "s2", "imp"]
+
+
+# --------------------------------------------------------------------------- migration
+
+def _alembic(url: str, revision: str, down: bool = False) -> None:
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
+    import migrations
+    from tuner_server.db.session import make_engine
+
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            (command.downgrade if down else command.upgrade)(cfg, revision)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_upgrade_from_0005_keeps_jobs_trials_and_records(backend: str, tmp_path: Path) -> None:
+    """Rows stored under 0005 read as before: jobs verify nothing (verify_top 0), trials
+    are search trials (round 0), records are not verifications; a config may then be
+    measured again in a verification round but not twice in one round."""
+    from tuner_server.db.session import make_engine
+
+    jobs_t = sa.table("jobs", *(sa.column(c) for c in (
+        "id", "target", "status", "tuner", "n_trial", "plan_size", "created_at")),
+        sa.column("measure", sa.JSON))
+    tasks_t = sa.table("tasks", *(sa.column(c) for c in (
+        "id", "job_id", "template", "status", "trials_planned", "trials_done")),
+        sa.column("args", sa.JSON))
+    def trials_table(*extra: str) -> sa.TableClause:
+        return sa.table("trials", *(sa.column(c) for c in (
+            "id", "task_id", "queue", "config_index", "status", "attempts", *extra)),
+            sa.column("config", sa.JSON))
+
+    trials_t = trials_table()
+    records_t = sa.table("records", *(sa.column(c) for c in (
+        "target", "target_kind", "target_model", "target_keys", "template", "workload_key",
+        "mean_cost", "error_no", "timestamp", "source", "created_at", "trial_id",
+        "line_hash")), sa.column("line", sa.JSON))
+    config = get_template(DENSE).default_config(WORKLOAD)
+    with empty_database(backend, tmp_path) as url:
+        _alembic(url, "0005")
+        engine = make_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(sa.insert(jobs_t).values(
+                    id=1, target=TARGET, status="running", tuner="random", n_trial=4,
+                    plan_size=4, measure={}, created_at=datetime.now(UTC)))
+                conn.execute(sa.insert(tasks_t).values(
+                    id=1, job_id=1, template=DENSE, args=DENSE_ARGS, status="running",
+                    trials_planned=1, trials_done=1))
+                conn.execute(sa.insert(trials_t).values(
+                    id=1, task_id=1, queue="opencl", config_index=config.index,
+                    status="done", attempts=1, config=config.to_json()))
+                conn.execute(sa.insert(records_t).values(
+                    target=TARGET, target_kind="opencl", target_model="pocl-cpu",
+                    target_keys=",opencl,cpu,", template=DENSE, workload_key=WORKLOAD.key,
+                    mean_cost=1e-3, error_no=0, timestamp=1.0, source="measured",
+                    created_at=datetime.now(UTC), trial_id=1, line_hash="h" * 64,
+                    line={"input": []}))
+            _alembic(url, "head")
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT verify_top FROM jobs")).all() == [(0,)]
+                assert conn.execute(sa.text("SELECT verify_round FROM trials")).all() == [(0,)]
+                assert conn.execute(sa.text(
+                    "SELECT verified_config FROM records")).all() == [(None,)]
+            again = trials_table("verify_round")
+            with engine.begin() as conn:
+                conn.execute(sa.insert(again).values(
+                    id=2, task_id=1, queue="opencl", config_index=config.index,
+                    status="queued", attempts=0, config=config.to_json(), verify_round=1))
+            with pytest.raises(IntegrityError), engine.begin() as conn:
+                conn.execute(sa.insert(trials_t).values(
+                    id=3, task_id=1, queue="opencl", config_index=config.index,
+                    status="queued", attempts=0, config=config.to_json()))
+            _alembic(url, "0005", down=True)  # the verification round goes with it
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT id FROM trials")).all() == [(1,)]
+        finally:
+            engine.dispose()
+
+
+# --------------------------------------------------------------------------- end to end
+
+LOCAL, WHY = opencl_target()
+TUNER = Path(sys.executable).with_name("tuner")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(LOCAL != TARGET, reason=WHY or f"the OpenCL device is {LOCAL}")
+@pytest.mark.skipif(not TUNER.exists(), reason="the tuner script is not installed")
+def test_embedded_tune_ends_verified_and_records_best_is_the_verified_winner(
+        tmp_path: Path) -> None:
+    """`tuner tune` (embedded, PoCL) of a small conv: the job ends done after its
+    verification; the database holds VERIFY_ROUNDS verified measurements of each of
+    the best configs and of the default; `tuner records best` answers the config whose
+    verified median is lowest, with its median measurement."""
+    from tuner_server.db.session import make_engine
+
+    url = f"sqlite:///{tmp_path / 'tune.db'}"
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg"),
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    conv = ["--template", "conv2d_nchw.cuda", "--args", json.dumps(
+        [["TENSOR", [1, 8, 8, 8], "float32"], ["TENSOR", [8, 8, 3, 3], "float32"],
+         [1, 1], [1, 1, 1, 1], [1, 1], "float32"])]
+    common = ["--target", TARGET, "--database-url", url]
+    proc = subprocess.run(
+        [str(TUNER), "tune", *conv, *common, "--trials", "6", "--tuner", "random",
+         "--number", "1", "--repeat", "1", "--min-repeat-ms", "0", "--device", "opencl:0"],
+        capture_output=True, text=True, timeout=500, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "job 1 done: 6 trials" in proc.stdout
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(
+                "SELECT verified_config, mean_cost, error_no FROM records "
+                "WHERE verified_config IS NOT NULL ORDER BY id")).all()
+    finally:
+        engine.dispose()
+    configs = list(dict.fromkeys(r[0] for r in rows))
+    assert len(configs) == 4 and len(rows) == 4 * VERIFY_ROUNDS
+    assert [r[0] for r in rows] == configs * VERIFY_ROUNDS  # measured interleaved
+    workload = Workload(template="conv2d_nchw.cuda", args=json.loads(conv[3]))
+    assert get_template(workload.template).default_config(workload).index in configs
+    medians = {}
+    for index in configs:
+        costs = sorted(c if e == 0 else float("inf") for i, c, e in rows if i == index)
+        medians[index] = costs[len(costs) // 2]
+    winner = min(configs, key=lambda i: (medians[i], configs.index(i)))
+    proc = subprocess.run(
+        [str(TUNER), "records", "best", *conv, *common], capture_output=True, text=True,
+        timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = json.loads(next(s for s in proc.stdout.splitlines() if s.startswith("{")))
+    assert line["config"]["index"] == winner
+    assert sum(line["result"][0]) / len(line["result"][0]) == pytest.approx(medians[winner])
