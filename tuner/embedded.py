@@ -151,6 +151,7 @@ class EmbeddedFleet:
     def start(self) -> None:
         import uvicorn
 
+        from compiler.runtime.prebuild import lease_batch
         from tuner_server.app import create_app
         from tuner_server.db.session import make_engine, session_factory, upgrade
         from tuner_server.settings import Settings
@@ -176,9 +177,10 @@ class EmbeddedFleet:
                 raise RuntimeError("the embedded server did not start")
             time.sleep(0.05)
         # One worker row for every embedded run: the server reuses the stopped row of a
-        # worker of this name and target.
+        # worker of this name and target. It leases a batch at a time, whose kernels are
+        # built ahead on every core before any is timed.
         self.agent = WorkerAgent(self.url, tokens["worker"], self._device, name=EMBEDDED,
-                                 wait_s=1.0)
+                                 batch=lease_batch(), wait_s=1.0)
         self.agent.register()
         worker = threading.Thread(target=self._work, daemon=True)
         worker.start()

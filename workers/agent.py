@@ -1,5 +1,6 @@
 """The worker loop: register, lease trials, measure each in an isolated child, report,
-all through ``tuner_client``.
+all through ``tuner_client``. A leased batch's kernels are first built ahead by builder
+processes (``compiler.runtime.prebuild``), so the measuring child finds them compiled.
 
 A kernel that hangs or crashes costs one trial (error 7 or 4) because measuring runs in
 a child process; a trial that cannot even be set up (bad options, a config that does not
@@ -236,16 +237,38 @@ class WorkerAgent:
             with self._lock:
                 self._held = [t.trial_id for t in trials]
                 self._dropped = set()
+            requests = {t.trial_id: self._request(t) for t in trials}
+            self._prebuild([r for r in requests.values() if isinstance(r, MeasureRequest)])
             for trial in trials:
                 if self.stopping.is_set():
                     break
-                self._measure_and_report(trial)
+                self._measure_and_report(trial, requests[trial.trial_id])
             self._release_held()
 
-    def measure_trial(self, trial: LeasedTrial) -> MeasureResult:
-        """The trial's result; whatever goes wrong becomes an AutoTVM error number."""
+    def _prebuild(self, requests: list[MeasureRequest]) -> None:
+        """Build the batch's kernels ahead, in parallel processes, before any is timed.
+        Only a gain: a kernel not built here is built by the measuring child, which
+        reports its error, so no failure here costs a trial or stops the worker."""
         try:
-            request = MeasureRequest(
+            report = self._measurer.prebuild(requests, stop=self.stopping.is_set)
+        except Exception as err:  # noqa: BLE001 - the trials are measured all the same
+            log.warning("building the batch ahead failed (%s); measuring it as it comes",
+                        _text(err))
+            return
+        if report is not None:
+            log.info("built %d of %d kernels ahead in %.2f s", report.built,
+                     len(requests), report.seconds)
+            for request, outcome in zip(requests, report.outcomes):
+                if outcome:
+                    log.info("config %s of %s was not built ahead: %s", request.config.index,
+                             request.template, one_line(outcome, MAX_MESSAGE))
+
+    @staticmethod
+    def _request(trial: LeasedTrial) -> MeasureRequest | MeasureResult:
+        """What the measurer is sent for ``trial``, or its failure (error 1) when the
+        trial cannot even be set up."""
+        try:
+            return MeasureRequest(
                 template=trial.template,
                 workload=Workload(template=trial.template, args=tuple(trial.args)),
                 config=Config.model_validate(trial.config),
@@ -254,6 +277,15 @@ class WorkerAgent:
         except (ValidationError, TypeError, ValueError) as err:
             return MeasureResult.failure(MeasureErrorNo.INSTANTIATION_ERROR,
                                          f"cannot set up the trial: {_text(err)}")
+
+    def measure_trial(self, trial: LeasedTrial,
+                      request: MeasureRequest | MeasureResult | None = None) -> MeasureResult:
+        """The trial's result; whatever goes wrong becomes an AutoTVM error number.
+        ``request`` is :meth:`_request`'s answer where the caller has it already."""
+        if request is None:
+            request = self._request(trial)
+        if isinstance(request, MeasureResult):
+            return request
         try:
             return self._measurer.measure(request)
         except Exception as err:
@@ -271,7 +303,8 @@ class WorkerAgent:
         with self._lock:
             return trial_id in self._dropped
 
-    def _measure_and_report(self, trial: LeasedTrial) -> None:
+    def _measure_and_report(self, trial: LeasedTrial,
+                            request: MeasureRequest | MeasureResult) -> None:
         trial_id = trial.trial_id
         with self._lock:
             if trial_id in self._dropped:  # a heartbeat learned it is no longer ours
@@ -279,7 +312,7 @@ class WorkerAgent:
             self._current = trial_id
         log.info("measuring trial %s (%s)", trial_id, trial.template)
         try:
-            result = self.measure_trial(trial)
+            result = self.measure_trial(trial, request)
         finally:
             with self._lock:
                 self._current = None

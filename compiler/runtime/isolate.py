@@ -11,16 +11,17 @@ dies with it on a build timeout instead of running on.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
-import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from compiler.runtime.child import child_connection, kill_group, spawn_child
+from compiler.runtime.device import is_cpu
 from compiler.runtime.measure import MeasureRequest, measure
+from compiler.runtime.prebuild import BuildPool, PrebuildReport, prebuild_enabled
 from schemas import MeasureErrorNo, MeasureResult
 
 MAX_POLL_S = 3600.0  # longest single wait on the child; poll() overflows past ~1e9 s
@@ -59,27 +60,20 @@ class IsolatedMeasurer:
         self._args = (device_spec, target, extra_modules)
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
+        self._pool: BuildPool | None = None
+        self._ahead: dict[int, threading.Event] = {}  # id(request) -> built ahead (overlap)
+        self._ahead_thread: threading.Thread | None = None
         self.device_info: Any = None
 
     def _start(self) -> None:
-        # A fresh interpreter, not multiprocessing: no re-import of the caller's __main__
-        # and no OpenCL state inherited through fork.
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "compiler.runtime.isolate", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], env=env, process_group=0,
-        )
-        theirs.close()
-        self._conn = Connection(ours.detach())
-        self._conn.send(self._args)
+        self._proc, self._conn = spawn_child("compiler.runtime.isolate", self._args)
         try:
             ready = self._conn.poll(120)
             kind, payload = self._conn.recv() if ready else ("error", "device start timed out")
         except (EOFError, OSError):
             kind, payload = "error", f"measurement process exited with {self._exitcode()}"
         if kind != "ready":
-            self.close()
+            self._kill_child()
             raise RuntimeError(payload)
         self.device_info = payload
 
@@ -89,7 +83,53 @@ class IsolatedMeasurer:
             self._start()
         return self.device_info
 
+    def prebuild(self, requests: Sequence[MeasureRequest],
+                 stop: Callable[[], bool] | None = None,
+                 overlap: bool | None = None) -> PrebuildReport | None:
+        """Build a batch's kernels ahead of measuring them, in builder processes (see
+        ``prebuild``). On a CPU device it returns when they are built: no compile may run
+        while a kernel is timed on the cores. With ``overlap`` (the default on other
+        devices, a GPU: builders compile on host cores and launch nothing) it returns at
+        once, the batch builds meanwhile, and :meth:`measure` of a request waits for the
+        builders' try at it; that overlap is not measured on this project's CPU machine.
+        None where no report is ready: building ahead is switched off
+        ($TUNER_PREBUILD=0), the batch holds one kernel (it builds no faster apart), or
+        it overlaps measuring."""
+        if len(requests) < 2 or not prebuild_enabled():
+            return None
+        info = self.start()
+        self._join_ahead()
+        if self._pool is None:
+            self._pool = BuildPool(info.spec, self._args[2])
+        pool = self._pool
+        if not (not is_cpu(info) if overlap is None else overlap):
+            return pool.prebuild(requests, stop)
+        events = {id(r): threading.Event() for r in requests}
+        self._ahead = events
+
+        def build() -> None:
+            try:
+                pool.prebuild(requests, stop, lambda i: events[id(requests[i])].set())
+            except Exception:  # noqa: BLE001 - measuring builds what was not built ahead
+                pass
+            finally:
+                for event in events.values():
+                    event.set()
+
+        self._ahead_thread = threading.Thread(target=build, daemon=True)
+        self._ahead_thread.start()
+        return None
+
+    def _join_ahead(self) -> None:
+        """Wait for the last overlapped batch's builders to finish with it."""
+        thread, self._ahead_thread = self._ahead_thread, None
+        if thread is not None:
+            thread.join()
+
     def measure(self, request: MeasureRequest) -> MeasureResult:
+        ahead = self._ahead.pop(id(request), None)
+        if ahead is not None:  # being built ahead: the builders' try first, within its deadline
+            ahead.wait(request.options.timeout_s)
         start = time.time()
         conn = self._send(request)
         if conn is None:
@@ -106,8 +146,8 @@ class IsolatedMeasurer:
                 if ready:
                     kind, payload = conn.recv()
             except (EOFError, OSError):  # the child died, or close() from another thread
-                code = self._exitcode()  # before close(), which forgets the process
-                self.close()
+                code = self._exitcode()  # before _kill_child(), which forgets the process
+                self._kill_child()
                 return MeasureResult.failure(
                     MeasureErrorNo.RUNTIME_DEVICE,
                     f"measurement process died during {stage} (exit code "
@@ -115,7 +155,7 @@ class IsolatedMeasurer:
             if not ready:
                 if left > 0:  # a step of a long deadline, not the end of it
                     continue
-                self.close()
+                self._kill_child()
                 error_no = (MeasureErrorNo.RUN_TIMEOUT if stage == "run"
                             else MeasureErrorNo.BUILD_TIMEOUT)
                 return MeasureResult.failure(
@@ -125,7 +165,7 @@ class IsolatedMeasurer:
                 stage = payload
                 continue
             if payload.error_no == MeasureErrorNo.RUNTIME_DEVICE:
-                self.close()  # the device may be unusable: the next trial gets a fresh child
+                self._kill_child()  # the device may be unusable: the next trial, a fresh child
             return payload  # type: ignore[no-any-return]
 
     def _send(self, request: MeasureRequest) -> Connection | None:
@@ -140,7 +180,7 @@ class IsolatedMeasurer:
                 conn.send(request)
                 return conn
             except (OSError, EOFError):
-                self.close()
+                self._kill_child()
         return None
 
     def _exitcode(self) -> int | None:
@@ -157,16 +197,19 @@ class IsolatedMeasurer:
         return self._proc.pid if self._proc is not None else None
 
     def close(self) -> None:
-        """Kill the child and its process group (a compiler it started included); safe
-        to call from another thread while one is measuring."""
+        """Kill the child and its process group (a compiler it started included), and the
+        builders; safe to call from another thread while one is measuring."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()  # an overlapped batch's thread then ends, its events set
+        self._kill_child()
+
+    def _kill_child(self) -> None:
+        """Kill the measuring child alone (a trial's failure): the builders stay."""
         proc, conn = self._proc, self._conn
         self._proc, self._conn = None, None
         if proc is not None:
-            try:  # the group outlives its leader: kill it even when the child has exited
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):  # gone (or its id reused)
-                pass
-            proc.wait(5)
+            kill_group(proc)
         if conn is not None:
             conn.close()
 
@@ -178,10 +221,7 @@ class IsolatedMeasurer:
 
 
 def _main() -> None:
-    # The parent decides what happens to the trial in hand on Ctrl-C (finish it, or kill
-    # this child), not a traceback here, even where a SIGINT reaches this group.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    conn = Connection(int(sys.argv[1]))
+    conn = child_connection()
     device_spec, target, extra_modules = conn.recv()
     _serve(conn, device_spec, target, extra_modules)
 

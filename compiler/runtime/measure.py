@@ -20,6 +20,7 @@ from compiler.runtime.device import (
 from compiler.templates import (
     ConfigError,
     Epilogue,
+    Kernel,
     Template,
     WorkloadError,
     get_template,
@@ -115,6 +116,74 @@ def measure(device: Device, request: MeasureRequest,
                 pass
 
 
+class TrialFailure(Exception):
+    """A trial that ends before it is timed, with the AutoTVM error number it reports."""
+
+    def __init__(self, error_no: MeasureErrorNo, message: str) -> None:
+        super().__init__(message)
+        self.error_no = error_no
+
+
+def request_kernel(device: Device, request: MeasureRequest) -> tuple[Template, Kernel]:
+    """The kernel a trial runs on ``device``: the config decoded, checked against the
+    device's limits and generated. One code path for measuring and for building ahead
+    (``prebuild``); raises :class:`TrialFailure` (error 1)."""
+    try:
+        template: Template = get_template(request.template)
+        template.decode(request.workload, request.config)
+        problems = template.check_limits(request.workload, request.config, device.limits,
+                                         device.dialect)
+    except (KeyError, WorkloadError, ConfigError) as err:
+        raise TrialFailure(MeasureErrorNo.INSTANTIATION_ERROR,
+                           f"not a config of this space: {err}") from None
+    except Exception as err:  # noqa: BLE001 - a template bug fails this config alone
+        raise TrialFailure(MeasureErrorNo.INSTANTIATION_ERROR, _describe(err)) from None
+    if problems:
+        raise TrialFailure(MeasureErrorNo.INSTANTIATION_ERROR,
+                           f"config does not fit {device.info.name}: " + "; ".join(problems))
+    try:
+        kernel = template.codegen(request.workload, request.config, device.dialect,
+                                  request.epilogue)
+    except (WorkloadError, ConfigError) as err:
+        raise TrialFailure(MeasureErrorNo.INSTANTIATION_ERROR, str(err)) from None
+    except Exception as err:  # noqa: BLE001
+        raise TrialFailure(MeasureErrorNo.INSTANTIATION_ERROR, _describe(err)) from None
+    return template, kernel
+
+
+def build_kernel(device: Device, kernel: Kernel) -> Any:
+    """``device.build(kernel)`` with its failures as error numbers (3, 1 or 4)."""
+    try:
+        return device.build(kernel)
+    except BuildError as err:
+        raise TrialFailure(MeasureErrorNo.COMPILE_DEVICE,
+                           f"device compiler failed: {err}") from None
+    except LaunchLimitError as err:
+        raise TrialFailure(MeasureErrorNo.INSTANTIATION_ERROR,
+                           f"config does not fit {device.info.name}: {err}") from None
+    except DeviceRuntimeError as err:  # a multi-stage kernel's scratch did not fit
+        raise TrialFailure(MeasureErrorNo.RUNTIME_DEVICE, str(err)) from None
+    except Exception as err:  # noqa: BLE001 - module load or kernel lookup in the backend
+        raise TrialFailure(MeasureErrorNo.RUNTIME_DEVICE,
+                           f"loading the kernel failed: {_describe(err)}") from None
+
+
+def operand_buffers(device: Device, template: Template, kernel: Kernel,
+                    request: MeasureRequest) -> list[Any]:
+    """The kernel's arguments on the device: the task's inputs (as the kernel takes them)
+    and an output filled with a value no real result holds. Raises the backend's errors."""
+    out = kernel.buffers[-1]
+    arrays, _reference = task_operands(request.template, request.workload, request.epilogue,
+                                       request.seed)
+    buffers = [device.upload(a) for a in template.kernel_inputs(request.workload,
+                                                                request.config, arrays)]
+    out_buf = device.alloc(out.shape, out.dtype)
+    dtype = np.dtype(out.dtype)
+    device.write(out_buf, np.full(out.shape, _fill_value(dtype), dtype=dtype))
+    buffers.append(out_buf)
+    return buffers
+
+
 def _measure(device: Device, request: MeasureRequest,
              stage: Callable[[str], None]) -> MeasureResult:
     start = time.time()
@@ -124,50 +193,20 @@ def _measure(device: Device, request: MeasureRequest,
 
     opts = request.options
     try:
-        template: Template = get_template(request.template)
-        template.decode(request.workload, request.config)
-        problems = template.check_limits(request.workload, request.config, device.limits,
-                                         device.dialect)
-    except (KeyError, WorkloadError, ConfigError) as err:
-        return fail(MeasureErrorNo.INSTANTIATION_ERROR, f"not a config of this space: {err}")
-    except Exception as err:  # noqa: BLE001 - a template bug fails this config alone
-        return fail(MeasureErrorNo.INSTANTIATION_ERROR, _describe(err))
-    if problems:
-        return fail(MeasureErrorNo.INSTANTIATION_ERROR,
-                    f"config does not fit {device.info.name}: " + "; ".join(problems))
-    try:
-        kernel = template.codegen(request.workload, request.config, device.dialect,
-                                  request.epilogue)
-    except (WorkloadError, ConfigError) as err:
-        return fail(MeasureErrorNo.INSTANTIATION_ERROR, str(err))
-    except Exception as err:  # noqa: BLE001
-        return fail(MeasureErrorNo.INSTANTIATION_ERROR, _describe(err))
-    stage("build")
-    try:
-        program = device.build(kernel)
-    except BuildError as err:
-        return fail(MeasureErrorNo.COMPILE_DEVICE, f"device compiler failed: {err}")
-    except LaunchLimitError as err:
-        return fail(MeasureErrorNo.INSTANTIATION_ERROR,
-                    f"config does not fit {device.info.name}: {err}")
-    except DeviceRuntimeError as err:  # a multi-stage kernel's scratch did not fit
-        return fail(MeasureErrorNo.RUNTIME_DEVICE, str(err))
-    except Exception as err:  # noqa: BLE001 - module load or kernel lookup in the backend
-        return fail(MeasureErrorNo.RUNTIME_DEVICE, f"loading the kernel failed: "
-                    f"{_describe(err)}")
+        template, kernel = request_kernel(device, request)
+        stage("build")
+        program = build_kernel(device, kernel)
+    except TrialFailure as err:
+        return fail(err.error_no, str(err))
     stage("run")
     out = kernel.buffers[-1]
     try:
-        arrays, reference = task_operands(request.template, request.workload,
-                                          request.epilogue, request.seed)
-        buffers = [device.upload(a) for a in template.kernel_inputs(request.workload,
-                                                                    request.config, arrays)]
-        out_buf = device.alloc(out.shape, out.dtype)
-        dtype = np.dtype(out.dtype)
-        device.write(out_buf, np.full(out.shape, _fill_value(dtype), dtype=dtype))
-        buffers.append(out_buf)
+        buffers = operand_buffers(device, template, kernel, request)
+        out_buf = buffers[-1]
         device.run(program, kernel, buffers)
         if opts.check_correctness:
+            _arrays, reference = task_operands(request.template, request.workload,
+                                               request.epilogue, request.seed)
             got = device.download(out_buf, out.shape, out.dtype)
             ok, why = max_abs_error_ok(got, reference(), opts)
             if not ok:

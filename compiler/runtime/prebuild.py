@@ -1,0 +1,266 @@
+"""A leased batch's kernels compiled ahead of their measurement, in builder processes.
+
+On PoCL nearly all of a trial is the compiler: the front end at build and, at the first
+launch, the work-group function for the kernel's local size (docs/BENCHMARKS.md,
+"Overhead per trial"). Threads cannot overlap those builds (PoCL holds one global lock),
+so a pool of builder processes does: each opens the device, builds a kernel of the batch
+and, where the driver compiles at first launch (a CPU device), launches it once on the
+trial's own operands. Both land in the driver's on-disk kernel cache, which every
+device-owning process shares (``child.kernel_cache_dir``); the measuring child then
+finds the kernel compiled. Nothing else passes between them, so a kernel the builders
+could not build (it does not compile, it hangs, it crashes them) costs nothing but the
+try: the measuring child builds it again and reports its own error number.
+
+On a CPU device a compile on one core perturbs a kernel timed on all of them: the whole
+batch is built first, then timed with no compile running. On a GPU device the builders
+only compile, on host cores (they launch nothing), so ``IsolatedMeasurer.prebuild`` lets
+them run while earlier trials are timed; that overlap is not measured (no GPU on the
+machine this was written on).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from compiler.runtime.child import child_connection, kill_group, spawn_child
+from compiler.runtime.device import Device, is_cpu
+from compiler.runtime.measure import (
+    MeasureRequest,
+    TrialFailure,
+    build_kernel,
+    operand_buffers,
+    request_kernel,
+)
+from schemas import MeasureErrorNo
+
+SWITCH_ENV = "TUNER_PREBUILD"  # "0" (or off/false/no) measures as before: no builders
+MAX_BUILDERS = 8  # each holds a device context and a task's operands
+START_TIMEOUT_S = 120.0  # as the measuring child's start
+STEP_S = 0.2  # longest wait between looks at ``stop``
+
+
+def prebuild_enabled() -> bool:
+    """Whether batches are built ahead: not switched off, and the driver keeps what it
+    compiles (PoCL's POCL_KERNEL_CACHE=0 would make every build in vain)."""
+    off = ("0", "off", "false", "no")
+    return (os.environ.get(SWITCH_ENV, "1").strip().lower() not in off
+            and os.environ.get("POCL_KERNEL_CACHE", "1").strip() != "0")
+
+
+def default_builders() -> int:
+    """One builder per core this process may use (at most MAX_BUILDERS)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_BUILDERS))
+
+
+def lease_batch() -> int:
+    """Trials a worker leases at once so that its builders have work: four per builder
+    (at most 16); one where building ahead is off (a trial waits for no other)."""
+    return min(16, 4 * default_builders()) if prebuild_enabled() else 1
+
+
+def warm(device: Device, request: MeasureRequest, launch: bool) -> tuple[int, str]:
+    """Build ``request``'s kernel as the measuring child would and, with ``launch``, run
+    it once on the task's operands; (0, "") or the error number and why."""
+    try:
+        template, kernel = request_kernel(device, request)
+        program = build_kernel(device, kernel)
+        if launch:
+            device.run(program, kernel, operand_buffers(device, template, kernel, request))
+        return 0, ""
+    except TrialFailure as err:
+        return int(err.error_no), str(err)
+    except Exception as err:  # noqa: BLE001 - a launch that failed: the measurer says why
+        return int(MeasureErrorNo.RUNTIME_DEVICE), f"{type(err).__name__}: {err}"
+    finally:
+        unload = getattr(device, "unload", None)
+        if unload is not None:
+            unload()
+
+
+@dataclass
+class PrebuildReport:
+    """What became of a batch: per request, "" (built) or why not ("error N: ..." where the
+    builder met a trial's failure, "not built: ..." where it met none: a deadline, a crash)."""
+
+    outcomes: list[str]
+    builder_pids: set[int] = field(default_factory=set)
+    seconds: float = 0.0
+
+    @property
+    def built(self) -> int:
+        return sum(1 for o in self.outcomes if not o)
+
+
+@dataclass
+class _Builder:
+    proc: subprocess.Popen[bytes]
+    conn: Connection
+    ready: bool = False
+    job: int | None = None  # index of the request in hand
+    deadline: float = 0.0
+
+
+class BuildPool:
+    """Builder processes for one device, kept between batches; :meth:`close` kills them."""
+
+    def __init__(self, device_spec: str, extra_modules: tuple[str, ...] = (),
+                 size: int | None = None) -> None:
+        self._hello = (device_spec, extra_modules)
+        self.size = size or default_builders()
+        self._builders: list[_Builder] = []
+        self._closed = False
+        self._broken = ""  # why builders cannot work on this device, once one said so
+
+    def prebuild(self, requests: Sequence[MeasureRequest],
+                 stop: Callable[[], bool] | None = None,
+                 settled: Callable[[int], None] | None = None) -> PrebuildReport:
+        """Build every request of the batch ahead, in order, each within its own
+        ``timeout_s``; returns when all are done, failed or past their deadline (a
+        builder past it is killed, with any compiler it runs), or when ``stop()`` turns
+        true. ``settled(i)`` is called as request ``i``'s outcome is known."""
+        began = time.time()
+        self._closed = False
+        outcomes: list[str | None] = [None] * len(requests)
+
+        def settle(index: int, outcome: str) -> None:
+            outcomes[index] = outcome
+            if settled is not None:
+                settled(index)
+
+        pending = deque(range(len(requests)))
+        pids = {b.proc.pid for b in self._builders}
+        if self._broken:  # a builder could not open the device: no use trying again
+            return PrebuildReport([f"not built: {self._broken}"] * len(requests), pids)
+        while len(self._builders) < min(self.size, len(requests)):
+            self._add(pids)
+        while not self._closed and (pending or any(b.job is not None for b in self._builders)):
+            if stop is not None and stop():
+                break
+            for builder in self._builders:
+                if builder.ready and builder.job is None and pending:
+                    self._hand(builder, pending.popleft(), requests)
+            now = time.time()
+            for builder in list(self._builders):
+                if builder.job is not None and now > builder.deadline:
+                    settle(builder.job, f"not built: past its "
+                                        f"{requests[builder.job].options.timeout_s:g} s")
+                    self._replace(builder, pending, pids)
+                elif not builder.ready and now > builder.deadline:
+                    self._retire(builder)  # never came up: the others go on
+            if not self._builders:
+                break
+            self._wait_and_read(settle, pending, pids)
+        why = ("stopped" if self._closed or (stop is not None and stop())
+               else self._broken or "no builder process came up")
+        return PrebuildReport([o if o is not None else f"not built: {why}" for o in outcomes],
+                              pids, time.time() - began)
+
+    def _hand(self, builder: _Builder, index: int, requests: Sequence[MeasureRequest]) -> None:
+        request = requests[index]
+        builder.job, builder.deadline = index, time.time() + request.options.timeout_s
+        try:
+            builder.conn.send(request)
+        except OSError:  # it died idle: read as its end below
+            pass
+
+    def _wait_and_read(self, settle: Callable[[int, str], None], pending: deque[int],
+                       pids: set[int]) -> None:
+        conns = {b.conn: b for b in self._builders}
+        deadlines = [b.deadline for b in self._builders if b.job is not None or not b.ready]
+        timeout = max(0.0, min([STEP_S, *(d - time.time() for d in deadlines)]))
+        try:
+            ready = wait(list(conns), timeout)
+        except (OSError, ValueError):  # closed from another thread
+            return
+        for conn in ready:
+            builder = conns[conn]  # type: ignore[index]
+            try:
+                kind, *payload = builder.conn.recv()
+            except (EOFError, OSError):  # it died: a crash in the compiler or the launch
+                if builder.job is None:  # at its start: starting another would too
+                    self._retire(builder)
+                    continue
+                settle(builder.job, f"not built: the builder died (exit code "
+                                    f"{builder.proc.poll()})")
+                self._replace(builder, pending, pids)
+                continue
+            if kind == "ready":
+                builder.ready = True
+            elif kind == "done" and builder.job is not None:
+                error_no, why = payload
+                settle(builder.job, f"error {error_no}: {why}" if error_no else "")
+                builder.job = None
+                if error_no == MeasureErrorNo.RUNTIME_DEVICE:  # its device may be unusable
+                    self._replace(builder, pending, pids)
+            else:  # "error": it could not open the device; no use starting another
+                self._broken = str(payload[0]) if payload else "a builder failed to start"
+                self._retire(builder)
+
+    def _replace(self, builder: _Builder, pending: deque[int], pids: set[int]) -> None:
+        """Kill ``builder`` (its job is settled) and start another if work is left."""
+        builder.job = None
+        self._retire(builder)
+        if pending:
+            self._add(pids)
+
+    def _add(self, pids: set[int]) -> None:
+        if not self._closed:
+            proc, conn = spawn_child("compiler.runtime.prebuild", self._hello)
+            self._builders.append(_Builder(proc, conn, deadline=time.time() + START_TIMEOUT_S))
+            pids.add(proc.pid)
+
+    def _retire(self, builder: _Builder) -> None:
+        if builder in self._builders:
+            self._builders.remove(builder)
+        kill_group(builder.proc)
+        builder.conn.close()
+
+    def close(self) -> None:
+        """Kill every builder (and any compiler it runs); safe from another thread."""
+        self._closed = True
+        builders, self._builders = self._builders, []
+        for builder in builders:
+            kill_group(builder.proc)
+            builder.conn.close()
+
+
+def _main() -> None:
+    """A builder (``python -m compiler.runtime.prebuild FD``): open the device, then build
+    the requests it is sent until the parent hangs up."""
+    import importlib
+
+    from compiler.runtime import open_device
+
+    conn = child_connection()
+    device_spec, extra_modules = conn.recv()
+    for name in extra_modules:  # templates registered outside the library (tests)
+        importlib.import_module(name)
+    try:
+        device: Any = open_device(device_spec)
+    except Exception as err:  # noqa: BLE001 - reported; the parent stops using builders
+        conn.send(("error", f"cannot open device: {err}"))
+        return
+    conn.send(("ready",))
+    launch = is_cpu(device.info)  # PoCL compiles the work-group function at first launch
+    with device:
+        while True:
+            try:
+                request = conn.recv()
+            except EOFError:
+                return
+            conn.send(("done", *warm(device, request, launch)))
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,193 @@
+"""A leased batch's kernels built ahead in builder processes (issue 17, point 6).
+
+The builders fill the kernel cache the measuring child then loads from; whatever they
+could not build (a compile error, a crash, a compiler that hangs) the measuring child
+builds again and reports with its own error number, so results are the same with and
+without building ahead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # so that this process and the children find the helper
+    sys.path.insert(0, str(HERE))
+
+import broken_templates
+from test_errors import DENSE, FAST, HAS_OPENCL, dense_workload, tile_k
+
+from compiler.runtime import child
+from compiler.runtime.isolate import IsolatedMeasurer
+from compiler.runtime.measure import MeasureRequest
+from compiler.runtime.prebuild import SWITCH_ENV, lease_batch, prebuild_enabled
+from schemas import MeasureErrorNo, MeasureOptions, MeasureResult
+
+needs_opencl = pytest.mark.skipif(not HAS_OPENCL, reason="no OpenCL device (PoCL) here")
+EXTRA = (broken_templates.__name__,)
+
+
+@pytest.fixture(autouse=True)
+def kernel_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A kernel cache of this test's own: nothing is found compiled by an earlier run."""
+    cache = tmp_path / "kernels"
+    monkeypatch.setenv(child.CACHE_ENV, str(cache))
+    monkeypatch.delenv(SWITCH_ENV, raising=False)
+    monkeypatch.delenv("POCL_KERNEL_CACHE", raising=False)
+    return cache
+
+
+def dense(inner: int, template: str = DENSE,
+          options: MeasureOptions = FAST) -> MeasureRequest:
+    return MeasureRequest(template, dense_workload(template), tile_k(inner), options)
+
+
+def cache_files(cache: Path) -> dict[str, int]:
+    """Every file the driver wrote (path -> mtime), but its access stamps."""
+    return {str(p.relative_to(cache)): p.stat().st_mtime_ns for p in cache.rglob("*")
+            if p.is_file() and p.name != "last_accessed"}
+
+
+def outcome(result: MeasureResult) -> tuple[int, str]:
+    """The error number and message, less what differs between any two builds (the
+    driver's temporary file, a device object's address)."""
+    message = "" if result.ok else str(result.error_msg)
+    message = re.sub(r"\S*tempfile_\w+", "<file>", message)
+    return int(result.error_no), re.sub(r"0x[0-9a-f]+", "<address>", message)
+
+
+def test_the_kernel_cache_is_ours_and_shared_by_every_child(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(child.CACHE_ENV, str(tmp_path / "mine"))
+    monkeypatch.setenv(child.POCL_CACHE_ENV, str(tmp_path / "pocl's"))
+    assert child.kernel_cache_dir() == tmp_path / "mine"
+    assert child.child_env()[child.POCL_CACHE_ENV] == str(tmp_path / "mine")
+    monkeypatch.delenv(child.CACHE_ENV)
+    assert child.kernel_cache_dir() == tmp_path / "pocl's"  # a user's own choice stays
+    monkeypatch.delenv(child.POCL_CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert child.kernel_cache_dir() == tmp_path / "xdg" / "tuner" / "kernels"
+
+
+def test_the_switch_turns_building_ahead_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert prebuild_enabled() and lease_batch() >= 4
+    monkeypatch.setenv(SWITCH_ENV, "0")
+    assert not prebuild_enabled() and lease_batch() == 1
+    with IsolatedMeasurer("opencl:0") as m:  # no child is even started
+        assert m.prebuild([dense(2), dense(4)]) is None
+        assert m.pid is None
+
+
+@needs_opencl
+def test_a_batch_is_built_in_builder_processes_and_the_measurer_compiles_nothing(
+        kernel_cache: Path) -> None:
+    requests = [dense(2), dense(4), dense(8)]
+    with IsolatedMeasurer("opencl:0") as m:
+        m.start()
+        report = m.prebuild(requests)
+        assert report is not None and report.outcomes == ["", "", ""], report
+        assert report.builder_pids and not report.builder_pids & {os.getpid(), m.pid}
+        built = cache_files(kernel_cache)
+        assert sum(p.endswith("program.bc") for p in built) == 3
+        assert sum(p.endswith(".so") for p in built) == 3  # each launched: its WG function
+        results = [m.measure(r) for r in requests]
+        assert all(r.ok for r in results), [r.error_msg for r in results]
+        # the measuring child loaded every kernel from the cache: nothing written again
+        assert cache_files(kernel_cache) == built
+
+
+@needs_opencl
+def test_what_fails_ahead_is_reported_by_the_measuring_child() -> None:
+    """A compile error stays error 3 and a kernel that crashes its builder error 4; the
+    builder it killed is replaced and the good kernels of the batch are still built."""
+    requests = [dense(8, broken_templates.BROKEN_FAULT.name),
+                dense(8, broken_templates.BROKEN_COMPILE.name), dense(2), dense(4)]
+    with IsolatedMeasurer("opencl:0", extra_modules=EXTRA) as m:
+        m.start()
+        report = m.prebuild(requests)
+        assert report is not None
+        assert report.outcomes[0].startswith("not built: the builder died"), report
+        assert report.outcomes[1].startswith("error 3: device compiler failed"), report
+        assert report.outcomes[2:] == ["", ""], report
+        results = [m.measure(r) for r in requests]
+    assert [r.error_no for r in results] == [
+        MeasureErrorNo.RUNTIME_DEVICE, MeasureErrorNo.COMPILE_DEVICE,
+        MeasureErrorNo.NO_ERROR, MeasureErrorNo.NO_ERROR]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+@needs_opencl
+def test_a_hanging_compiler_ahead_costs_its_deadline_not_the_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pidfile = tmp_path / "compiler.pid"
+    monkeypatch.setenv(broken_templates.BrokenCompiler.PIDFILE_ENV, str(pidfile))
+    short = MeasureOptions(number=1, repeat=1, timeout_s=3)
+    requests = [dense(8, broken_templates.BROKEN_COMPILER.name, short), dense(2), dense(4)]
+    with IsolatedMeasurer("opencl:0", extra_modules=EXTRA) as m:
+        m.start()
+        began = time.time()
+        report = m.prebuild(requests)
+        took = time.time() - began
+        assert report is not None
+        assert report.outcomes == ["not built: past its 3 s", "", ""], report
+        # the "compiler" sleeps 300 s: the batch did not wait it out (a loose bound, as
+        # the other two kernels' builds take what the machine's load makes them)
+        assert took < 150, f"the batch took {took:.1f} s to build ahead"
+        compiler = int(pidfile.read_text())
+        deadline = time.time() + 10
+        while not _gone(compiler) and time.time() < deadline:
+            time.sleep(0.1)
+        assert _gone(compiler), f"compiler {compiler} outlived its builder's deadline"
+        results = [m.measure(r) for r in requests]
+    assert [r.error_no for r in results] == [
+        MeasureErrorNo.BUILD_TIMEOUT, MeasureErrorNo.NO_ERROR, MeasureErrorNo.NO_ERROR]
+
+
+@needs_opencl
+def test_results_are_the_same_with_and_without_building_ahead(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    requests = [dense(2), dense(8, broken_templates.BROKEN_COMPILE.name), dense(4),
+                dense(8, broken_templates.BROKEN_WRONG.name), dense(3)]  # 3 does not divide
+    runs = []
+    for switch in ("0", "1"):  # each with a cache of its own: no run finds the other's
+        monkeypatch.setenv(SWITCH_ENV, switch)
+        monkeypatch.setenv(child.CACHE_ENV, str(tmp_path / f"kernels-{switch}"))
+        with IsolatedMeasurer("opencl:0", extra_modules=EXTRA) as m:
+            report = m.prebuild(requests)
+            assert (report is None) == (switch == "0")
+            runs.append([outcome(m.measure(r)) for r in requests])
+    assert runs[0] == runs[1]
+    assert [n for n, _ in runs[0]] == [0, 3, 0, 5, 1]
+
+
+@needs_opencl
+def test_builds_may_overlap_measuring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a GPU: prebuild returns at once and the batch builds while trials are
+    measured; a trial waits for the builders' try at its kernel first (here a compiler
+    that hangs: its 3 s in a builder, then 3 s in the measuring child)."""
+    monkeypatch.setenv(broken_templates.BrokenCompiler.PIDFILE_ENV, str(tmp_path / "pid"))
+    short = MeasureOptions(number=1, repeat=1, timeout_s=3)
+    requests = [dense(8, broken_templates.BROKEN_COMPILER.name, short), dense(2), dense(4)]
+    with IsolatedMeasurer("opencl:0", extra_modules=EXTRA) as m:
+        m.start()
+        began = time.time()
+        assert m.prebuild(requests, overlap=True) is None
+        assert time.time() - began < 3  # it did not wait for the hanging compiler
+        hung = m.measure(requests[0])
+        assert time.time() - began >= 2 * 3 - 0.5, "the trial did not wait for its builder"
+        assert hung.error_no == MeasureErrorNo.BUILD_TIMEOUT, hung.error_msg
+        results = [m.measure(r) for r in requests[1:]]
+        assert all(r.ok for r in results), [r.error_msg for r in results]
