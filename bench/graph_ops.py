@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections import defaultdict
 from typing import Any
 
@@ -32,6 +31,7 @@ import onnx
 from compiler.build_module import Module, build
 from compiler.frontend.samples import LIGHT_MODELS, light_path, with_random_weights
 from compiler.runtime import open_device
+from models import onnxruntime_timer
 
 # build options of each variant
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -39,28 +39,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "slices": {},
 }
 TEMPLATE_OPS = ("nn.conv2d", "fused.conv2d", "nn.dense", "fused.dense")
-
-
-def onnxruntime_timer(model: Any, x: np.ndarray) -> tuple[Any, Any]:
-    """(one run's output, seconds per run over ``number`` runs after a warm-up)."""
-    import onnxruntime as ort
-
-    ort.set_default_logger_severity(3)  # the light models carry unused shape initializers
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
-    feed = {session.get_inputs()[0].name: x}
-
-    def run() -> np.ndarray:
-        return session.run(None, feed)[0]
-
-    def seconds(number: int) -> float:
-        run()
-        start = time.perf_counter()
-        for _ in range(number):
-            run()
-        return (time.perf_counter() - start) / number
-
-    return run, seconds
 
 
 def breakdown(modules: dict[str, Module], rounds: int) -> dict[str, dict[str, tuple[int, float]]]:

@@ -21,8 +21,6 @@ import argparse
 import os
 import secrets
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,11 +34,10 @@ from pathlib import Path
 
 from schemas import Target
 from schemas.api import WorkerRegistration
-from tuner_client import ApiError, TunerClient
+from server import PG_ADMIN_DSN, PG_URL, free_port, stop_group, wait_answering
+from tuner_client import TunerClient
 
 REPO = Path(__file__).resolve().parents[1]
-PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3"
-PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
 TARGET = "opencl -model=pocl-cpu"
 # A server on the code in the working directory, with the loop and HTTP parser asked.
 LAUNCH = ("import sys, uvicorn\n"
@@ -111,35 +108,17 @@ def cpu_s(pid: int) -> float:
 @contextmanager
 def server(variant: Variant, url: str, log: Path) -> Iterator[tuple[str, int]]:
     """(base URL, pid) of a server running ``variant``."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-c", LAUNCH, str(port), variant.loop,
                                  variant.http], cwd=variant.code, env=_env(variant.code, url),
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{variant.label}: server exited; see {log}")
-            try:
-                with TunerClient(base, timeout=1, retries=0) as probe:
-                    probe.health()
-                break
-            except ApiError:
-                if time.time() > deadline:
-                    raise RuntimeError(f"{variant.label}: no answer in 120 s; see {log}")
-                time.sleep(0.2)
+        wait_answering(proc, base, log, 120, what=f"{variant.label}: server")
         yield base, proc.pid
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop_group(proc)
 
 
 def registered(base: str, token: str, n: int) -> list[tuple[TunerClient, int]]:

@@ -173,6 +173,39 @@ def prepare(url: str) -> dict[str, str]:
     return tokens
 
 
+def wait_answering(proc: subprocess.Popen[bytes], base: str, log: Path, timeout_s: float,
+                   what: str = "server") -> None:
+    """Return once the server ``proc`` started at ``base`` answers its health check;
+    raise (pointing at ``log``) if it exits or stays silent ``timeout_s``."""
+    deadline = time.time() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log}")
+        try:
+            with TunerClient(base, timeout=1, retries=0) as probe:
+                probe.health()
+            return
+        except ApiError:
+            pass
+        if time.time() > deadline:
+            raise RuntimeError(f"{what} did not answer within {timeout_s:g} s; see {log}")
+        time.sleep(0.2)
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a process started with ``start_new_session`` and its group, SIGKILL after
+    20 s; reaps it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+
+
 @contextmanager
 def server(url: str, queue_url: str, log: Path, extra_env: dict[str, str] | None = None,
            serve_args: list[str] | None = None) -> Iterator[str]:
@@ -188,30 +221,10 @@ def server(url: str, queue_url: str, log: Path, extra_env: dict[str, str] | None
                                 start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; see {log}")
-            try:
-                with TunerClient(base, timeout=1, retries=0) as probe:
-                    probe.health()
-                break
-            except ApiError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError(f"server did not answer within 60 s; see {log}")
-            time.sleep(0.2)
+        wait_answering(proc, base, log, 60)
         yield base
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(10)
+        stop_group(proc)
         if queue_url.startswith("redis://"):
             import redis
 

@@ -62,6 +62,17 @@ def _redis_reason() -> str | None:
 REDIS_UNREACHABLE = _redis_reason()
 
 
+def clear_redis(prefix: str) -> None:
+    """Delete every key under ``prefix`` (a test's queue namespace) from REDIS_URL."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
 def opencl_target() -> tuple[str | None, str]:
     """(target of OpenCL device 0, or None; why not)."""
     try:

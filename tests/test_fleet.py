@@ -25,6 +25,7 @@ import pytest
 from server_fixtures import (
     REDIS_UNREACHABLE,
     REDIS_URL,
+    clear_redis,
     empty_database,
     free_port,
     kill_group,
@@ -259,16 +260,6 @@ class Fleet:
         self.db.dispose()
 
 
-def _clear_redis(prefix: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
-
-
 @pytest.fixture
 def make_fleet(tmp_path: Path) -> Iterator[Callable[[str, str], Fleet]]:
     """Build fleets on (database backend, queue); every process, database and Redis key
@@ -282,7 +273,7 @@ def make_fleet(tmp_path: Path) -> Iterator[Callable[[str, str], Fleet]]:
             url = stack.enter_context(empty_database(backend, tmp_path))
             prefix = f"tunertest-{secrets.token_hex(6)}"
             if queue == "redis":
-                stack.callback(_clear_redis, prefix)
+                stack.callback(clear_redis, prefix)
             fleet = Fleet(tmp_path, url, REDIS_URL if queue == "redis" else "sql", prefix)
             stack.callback(fleet.close)
             return fleet
@@ -569,7 +560,7 @@ def make_api(tmp_path: Path) -> Iterator[Callable[..., Api]]:
             tokens = make_tokens(url)
             prefix = f"tunertest-{secrets.token_hex(6)}"
             if queue == "redis":
-                stack.callback(_clear_redis, prefix)
+                stack.callback(clear_redis, prefix)
             settings = Settings(database_url=url, queue_url=REDIS_URL if queue == "redis"
                                 else "sql", redis_prefix=prefix, require_auth=True,
                                 run_scheduler=False, lease_seconds=lease_seconds)

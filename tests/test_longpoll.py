@@ -22,6 +22,7 @@ from sqlalchemy import event, func, select
 from server_fixtures import (
     REDIS_UNREACHABLE,
     REDIS_URL,
+    clear_redis,
     empty_database,
     make_tokens,
     migrate,
@@ -124,16 +125,6 @@ def _serve(app: Any, stack: ExitStack) -> str:
         time.sleep(0.05)
 
 
-def _clear_redis(prefix: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
-
-
 Make = Callable[..., list[Served]]
 
 
@@ -153,7 +144,7 @@ def make_servers(tmp_path: Path) -> Iterator[Make]:
             tokens = make_tokens(url)
             prefix = f"tunertest-{secrets.token_hex(6)}"
             if queue == "redis":
-                stack.callback(_clear_redis, prefix)
+                stack.callback(clear_redis, prefix)
             out = []
             for _ in range(n):
                 app = create_app(Settings(
@@ -338,3 +329,29 @@ def test_no_trial_leased_twice_by_concurrent_waiters(make_servers: Make, backend
         planned = sorted(session.scalars(select(TrialRow.id)))
     assert len(leased) == len(set(leased)), sorted(leased)
     assert len(planned) >= 48 and sorted(leased) == planned
+
+
+def test_a_failed_subscription_closes_its_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that cannot be reached leaves no client behind: the watcher asks for a
+    new subscription each time it starts."""
+    from tuner_server.queue import redis as redis_queue
+
+    closed: list[bool] = []
+    real_close = redis_queue._Wakes.close
+
+    async def close(self: Any) -> None:
+        closed.append(True)
+        await real_close(self)
+
+    monkeypatch.setattr(redis_queue._Wakes, "close", close)
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    queue = redis_queue.RedisQueue(f"redis://127.0.0.1:{port}/0")
+
+    async def subscribe() -> None:
+        with pytest.raises(Exception):
+            await queue._subscribe()
+
+    asyncio.run(subscribe())
+    assert closed == [True]

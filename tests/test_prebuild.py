@@ -191,3 +191,25 @@ def test_builds_may_overlap_measuring(tmp_path: Path, monkeypatch: pytest.Monkey
         assert hung.error_no == MeasureErrorNo.BUILD_TIMEOUT, hung.error_msg
         results = [m.measure(r) for r in requests[1:]]
         assert all(r.ok for r in results), [r.error_msg for r in results]
+
+
+@needs_opencl
+def test_a_stopped_batch_leaves_no_build_to_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build still running when ``stop`` turns true is killed with the batch: its
+    answer (or its deadline) must not settle an index of the next batch."""
+    from compiler.runtime.prebuild import BuildPool
+
+    pidfile = tmp_path / "compiler.pid"
+    monkeypatch.setenv(broken_templates.BrokenCompiler.PIDFILE_ENV, str(pidfile))
+    short = MeasureOptions(number=1, repeat=1, timeout_s=3)
+    pool = BuildPool("opencl:0", EXTRA, size=2)
+    try:
+        first = pool.prebuild([dense(2), dense(8, broken_templates.BROKEN_COMPILER.name, short)],
+                              stop=pidfile.exists)
+        assert first.outcomes[1] == "not built: stopped", first
+        settled: list[int] = []
+        second = pool.prebuild([dense(4)], settled=settled.append)
+        assert second.outcomes == [""] and settled == [0], second
+    finally:
+        pool.close()

@@ -361,6 +361,7 @@ def test_upgrade_from_0005_keeps_jobs_trials_and_records(backend: str, tmp_path:
                 conn.execute(sa.insert(again).values(
                     id=2, task_id=1, queue="opencl", config_index=config.index,
                     status="queued", attempts=0, config=config.to_json(), verify_round=1))
+                conn.execute(sa.text("UPDATE tasks SET status = 'verifying'"))
             with pytest.raises(IntegrityError), engine.begin() as conn:
                 conn.execute(sa.insert(trials_t).values(
                     id=3, task_id=1, queue="opencl", config_index=config.index,
@@ -368,6 +369,8 @@ def test_upgrade_from_0005_keeps_jobs_trials_and_records(backend: str, tmp_path:
             _alembic(url, "0005", down=True)  # the verification round goes with it
             with engine.connect() as conn:
                 assert conn.execute(sa.text("SELECT id FROM trials")).all() == [(1,)]
+                # a status the older code cannot read: its search had ended, so done
+                assert conn.execute(sa.text("SELECT status FROM tasks")).all() == [("done",)]
         finally:
             engine.dispose()
 

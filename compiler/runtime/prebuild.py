@@ -128,7 +128,8 @@ class BuildPool:
         """Build every request of the batch ahead, in order, each within its own
         ``timeout_s``; returns when all are done, failed or past their deadline (a
         builder past it is killed, with any compiler it runs), or when ``stop()`` turns
-        true. ``settled(i)`` is called as request ``i``'s outcome is known."""
+        true (builders still building then are killed). ``settled(i)`` is called as
+        request ``i``'s outcome is known."""
         began = time.time()
         self._closed = False
         outcomes: list[str | None] = [None] * len(requests)
@@ -161,6 +162,9 @@ class BuildPool:
             if not self._builders:
                 break
             self._wait_and_read(settle, pending, pids)
+        for builder in list(self._builders):
+            if builder.job is not None:  # stopped mid-build: its answer would name an
+                self._retire(builder)    # index of this batch in the next one's outcomes
         why = ("stopped" if self._closed or (stop is not None and stop())
                else self._broken or "no builder process came up")
         return PrebuildReport([o if o is not None else f"not built: {why}" for o in outcomes],

@@ -67,7 +67,7 @@ from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT
 from compiler.templates.conv2d_winograd import (
     KERNEL_SIZE,
     WinogradOp,
-    _combine,
+    _transform_2d,
     pack_filter,
     transform_matrices,
 )
@@ -307,21 +307,6 @@ def _rules(p: _Plan) -> tuple[Rule, ...]:
     )
 
 
-def _transform(mat_t: np.ndarray, src: str, dst: str, vtype: str) -> list[str]:
-    """C statements for dst = mat_t src mat_t^T over ``vtype`` values ``{src}{i}_{j}``."""
-    rows, inner = mat_t.shape
-    out: list[str] = []
-    for i in range(rows):
-        for j in range(inner):
-            expr = _combine(mat_t[i], [f"{src}{k}_{j}" for k in range(inner)])
-            out.append(f"const {vtype} {dst}t{i}_{j} = {expr};")
-    for i in range(rows):
-        for j in range(rows):
-            expr = _combine(mat_t[j], [f"{dst}t{i}_{k}" for k in range(inner)])
-            out.append(f"const {vtype} {dst}{i}_{j} = {expr};")
-    return out
-
-
 class _Source:
     """The three kernels' bodies, written against the prelude's macros (vec 1: floats)."""
 
@@ -393,7 +378,7 @@ class _Source:
         body += [f"if (y0 >= 0 && y0 + {alpha - 1} < {op.h} && x0 >= 0 && "
                  f"x0 + {alpha - 1} < {op.w}) {{", *indent(inside), "} else {",
                  *indent(border), "}"]
-        body += _transform(b_mat.T, "d", "v", vt)
+        body += _transform_2d(b_mat.T, "d", "vt", "v", vt)
         for i in range(alpha):
             for j in range(alpha):
                 b = i * alpha + j
@@ -467,7 +452,7 @@ class _Source:
                 b = i * alpha + j
                 body.append(f"const {vt} s{i}_{j} = "
                             f"{self.vload(vec, f'mp + {b * p.tiles * op.co}')};")
-        body += _transform(a_mat.T, "s", "y", vt)
+        body += _transform_2d(a_mat.T, "s", "yt", "y", vt)
         crop_h, crop_w = op.oh % m, op.ow % m
         for i in range(m):
             for j in range(m):

@@ -217,18 +217,20 @@ def _combine(coeffs: np.ndarray, names: list[str]) -> str:
     return " ".join(terms) if terms else "0.0f"
 
 
-def _transform_2d(mat_t: np.ndarray, src: str, tmp: str, dst: str) -> list[str]:
-    """C statements for dst = mat_t src mat_t^T over scalars named ``{src}{i}_{j}``."""
+def _transform_2d(mat_t: np.ndarray, src: str, tmp: str, dst: str,
+                  vtype: str = "float") -> list[str]:
+    """C statements for dst = mat_t src mat_t^T over ``vtype`` values named ``{src}{i}_{j}``
+    (scalars here; float vectors in ``conv2d_NCHWc_winograd.x86``)."""
     rows, inner = mat_t.shape
     out: list[str] = []
     for i in range(rows):
         for j in range(inner):
             expr = _combine(mat_t[i], [f"{src}{k}_{j}" for k in range(inner)])
-            out.append(f"const float {tmp}{i}_{j} = {expr};")
+            out.append(f"const {vtype} {tmp}{i}_{j} = {expr};")
     for i in range(rows):
         for j in range(rows):
             expr = _combine(mat_t[j], [f"{tmp}{i}_{k}" for k in range(inner)])
-            out.append(f"const float {dst}{i}_{j} = {expr};")
+            out.append(f"const {vtype} {dst}{i}_{j} = {expr};")
     return out
 
 

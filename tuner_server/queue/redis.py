@@ -63,7 +63,13 @@ class _Wakes(Subscription):
         self._channel, self._origin = channel, origin
 
     async def start(self) -> _Wakes:
-        await self._pubsub.subscribe(self._channel)
+        """Subscribe; on failure the client is closed before the error goes on (the
+        watcher retries with a new one each time it starts)."""
+        try:
+            await self._pubsub.subscribe(self._channel)
+        except BaseException:
+            await self.close()
+            raise
         return self
 
     async def next(self, timeout: float) -> Counts | None:
