@@ -588,7 +588,7 @@ def test_model_view_of_a_running_resnet50_job(model_fleet: ModelFleet,
     expect(page.locator(f'tr.task-row.selected[data-task-id="{second}"]')).to_have_count(1)
     assert page.evaluate("location.hash") == f"#/jobs/{fleet.job_id}/tasks/{second}"
     page.wait_for_function(f"() => Number(document.querySelector('svg.curve[data-task-id=\"{second}\"]')"
-                           f".getAttribute('data-points')) >= 1")
+                           f".getAttribute('data-points')) >= 1", timeout=60_000)
     x_ticks = page.evaluate(f"""() => [...document.querySelectorAll('svg.curve[data-task-id="{second}"] text.tick')]
         .filter((t) => Number(t.getAttribute('y')) > 220).map((t) => t.textContent)""")
     assert x_ticks and all(re.fullmatch(r"\d+", t) for t in x_ticks), x_ticks  # whole trials
