@@ -55,7 +55,6 @@ from compiler.templates.base import (
     Stage,
     Template,
     Usage,
-    WorkloadError,
     blocked_shape,
     ceil_div,
     epilogue_buffers,
@@ -68,6 +67,7 @@ from compiler.templates.conv2d_winograd import (
     KERNEL_SIZE,
     WinogradOp,
     _transform_2d,
+    check_winograd,
     pack_filter,
     transform_matrices,
 )
@@ -129,17 +129,7 @@ class Conv2dNCHWcWinograd(Template):
     def parse(self, workload: Workload) -> Conv2dOp:
         """conv2d_NCHWc.x86's eight args (the same workload, another template), limited
         to what F(m, 3) computes: 3x3 kernels, stride 1, dilation 1."""
-        op = DIRECT.parse(workload)
-        if (op.kh, op.kw) != (KERNEL_SIZE, KERNEL_SIZE):
-            raise WorkloadError(f"{self.name}: only 3x3 kernels are supported, args[1] "
-                                f"(kernel) is {op.kh}x{op.kw}")
-        if op.stride != (1, 1):
-            raise WorkloadError(f"{self.name}: only stride 1 is supported, args[2] "
-                                f"(strides) is {list(op.stride)}")
-        if op.dilation != (1, 1):
-            raise WorkloadError(f"{self.name}: only dilation 1 is supported, args[4] "
-                                f"(dilation) is {list(op.dilation)}")
-        return op
+        return check_winograd(self.name, DIRECT.parse(workload))
 
     def _space(self, op: Conv2dOp) -> ConfigSpace:
         return ConfigSpace([

@@ -118,6 +118,21 @@ def transform_matrices(m: int, r: int = KERNEL_SIZE) -> tuple[np.ndarray, np.nda
     return e_m, b_t.T.copy(), g_mat
 
 
+def check_winograd(template: str, op: Conv2dOp) -> Conv2dOp:
+    """``op`` if F(m, 3) computes it (3x3 kernel, stride 1, dilation 1), else the
+    WorkloadError naming ``template`` and the argument that rules it out."""
+    if (op.kh, op.kw) != (KERNEL_SIZE, KERNEL_SIZE):
+        raise WorkloadError(f"{template}: only 3x3 kernels are supported, "
+                            f"args[1] (kernel) is {op.kh}x{op.kw}")
+    if op.stride != (1, 1):
+        raise WorkloadError(f"{template}: only stride 1 is supported, "
+                            f"args[2] (strides) is {list(op.stride)}")
+    if op.dilation != (1, 1):
+        raise WorkloadError(f"{template}: only dilation 1 is supported, "
+                            f"args[4] (dilation) is {list(op.dilation)}")
+    return op
+
+
 @dataclass(frozen=True)
 class WinogradOp(Conv2dOp):
     """A 3x3 stride-1 conv2d (``Conv2dOp``) with its Winograd tiling: ``m`` output points
@@ -127,16 +142,7 @@ class WinogradOp(Conv2dOp):
 
     @classmethod
     def from_args(cls, args: tuple[Any, ...]) -> WinogradOp:
-        op = Conv2dOp.from_args(args)
-        if (op.kh, op.kw) != (KERNEL_SIZE, KERNEL_SIZE):
-            raise WorkloadError(f"conv2d_nchw_winograd: only 3x3 kernels are supported, "
-                                f"args[1] (kernel) is {op.kh}x{op.kw}")
-        if op.stride != (1, 1):
-            raise WorkloadError(f"conv2d_nchw_winograd: only stride 1 is supported, "
-                                f"args[2] (strides) is {list(op.stride)}")
-        if op.dilation != (1, 1):
-            raise WorkloadError(f"conv2d_nchw_winograd: only dilation 1 is supported, "
-                                f"args[4] (dilation) is {list(op.dilation)}")
+        op = check_winograd("conv2d_nchw_winograd", Conv2dOp.from_args(args))
         fields = {f.name: getattr(op, f.name) for f in dataclasses.fields(Conv2dOp)}
         return cls(**fields, m=tile_size(op.h))
 
