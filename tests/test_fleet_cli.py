@@ -460,7 +460,9 @@ def test_agent_survives_a_trial_that_raises_and_deregisters(tmp_path: Path) -> N
         assert bad.error_msg and "timeout_s" in bad.error_msg
         job_id = submit(server, n_trial=4)
         assert agent.run(max_trials=4) == 4
-        job = get_job(server, job_id)
+        deadline = time.time() + 30  # the scheduler's next pass ends the job
+        while (job := get_job(server, job_id))["status"] != "done" and time.time() < deadline:
+            time.sleep(0.1)
         assert (job["status"], job["tasks"][0]["trials_done"]) == ("done", 4), job
         engine = create_engine(url)
         try:
