@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_fixtures import LiveServer, live_server
+from server_fixtures import LiveServer, live_server, migrate
 
+from tuner_server.db.models import WorkerRow
 from tuner_server.db.session import make_engine, session_factory
 from tuner_server.services import tokens
 
@@ -75,3 +76,43 @@ def test_this_processes_revocation_holds_at_once(server: LiveServer) -> None:
         assert anon.post(beat, json={"trial_ids": []}, headers=old).status_code == 200
         assert anon.delete(f"/api/v1/workers/{first['id']}", headers=old).status_code == 200
         assert anon.post(beat, json={"trial_ids": []}, headers=old).status_code == 401
+
+
+def test_forgetting_one_workers_tokens_keeps_the_others(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registration burst must not send every request to the database: forget(worker)
+    drops that worker's tokens only, and a lookup in flight across the forget is not kept."""
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    migrate(url)
+    engine = make_engine(url)
+    sessions = session_factory(engine)
+    try:
+        with sessions.begin() as session:
+            rows = [WorkerRow(name=f"w{i}", target="opencl -model=fake", limits={}, last_seen=0.0)
+                    for i in range(2)]
+            session.add_all(rows)
+            session.flush()
+            ids = [row.id for row in rows]
+            a, b = (tokens.bind_worker_token(session, wid, f"w{i}") for i, wid in enumerate(ids))
+            client = tokens.create_token(session, "client", "c")
+        cache = tokens.TokenCache(sessions, ttl=60.0)
+        for token in (a, b, client):
+            assert cache.lookup(token) is not None
+        cache.forget(ids[0])
+        assert cache.cached(a) is tokens.MISS
+        assert cache.cached(b) is not tokens.MISS and cache.cached(client) is not tokens.MISS
+
+        real = tokens.lookup
+
+        def revoked_meanwhile(session: object, token: str) -> tokens.TokenInfo | None:
+            info = real(session, token)  # type: ignore[arg-type]
+            cache.forget(ids[0])  # this process revokes while the lookup is in flight
+            return info
+
+        monkeypatch.setattr(tokens, "lookup", revoked_meanwhile)
+        assert cache.lookup(a) is not None  # the answer it read is returned ...
+        assert cache.cached(a) is tokens.MISS  # ... but not kept
+        cache.forget()
+        assert cache.cached(b) is tokens.MISS and cache.cached(client) is tokens.MISS
+    finally:
+        engine.dispose()

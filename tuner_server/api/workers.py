@@ -76,7 +76,7 @@ def register(body: WorkerRegistration, request: Request,
     done = dispatch.register(session, body.name, body.target, body.limits, body.device,
                              request.app.state.settings.lease_seconds)
     session.commit()
-    request.app.state.tokens.forget()  # the row's older tokens were revoked
+    request.app.state.tokens.forget(done.id)  # the row's older tokens were revoked
     request.app.state.queue.returned(done.requeued)
     request.app.state.queue.finished(done.failed)
     return Registered(id=done.id, token=done.token)
@@ -88,7 +88,7 @@ def deregister(worker_id: PathId, request: Request, session: Session = Depends(g
     """The worker stops: its leased trials go back to the queue (not failed attempts)."""
     trials = dispatch.deregister(session, _worker(session, worker_id))
     session.commit()
-    request.app.state.tokens.forget()  # its tokens were revoked
+    request.app.state.tokens.forget(worker_id)  # its tokens were revoked
     request.app.state.queue.returned(trials)
     return Deregistered(id=worker_id, released=len(trials))
 

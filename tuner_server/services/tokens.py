@@ -116,7 +116,8 @@ class TokenCache:
     def __init__(self, sessions: sessionmaker[Session], ttl: float = 1.0) -> None:
         self._sessions, self.ttl = sessions, ttl
         self._seen: dict[str, tuple[float, TokenInfo | None]] = {}
-        self._generation = 0  # bumped by forget: a lookup begun before is not kept
+        self._forgot_all = 0.0  # when forget() last dropped everything
+        self._forgot: dict[int, float] = {}  # worker id -> when its tokens were forgotten
         self._lock = threading.Lock()
 
     def cached(self, token: str) -> TokenInfo | None | _Miss:
@@ -132,10 +133,10 @@ class TokenCache:
         """``token``'s role, from the cache or the database: in ``session`` (a request's),
         whose transaction it then ends so that a long-poll holds no lock while it waits,
         else in a short session of its own."""
-        digest, now = _digest(token), time.monotonic()
+        digest, began = _digest(token), time.monotonic()
         with self._lock:
-            seen, generation = self._seen.get(digest), self._generation
-        if seen is not None and now - seen[0] < self.ttl:
+            seen = self._seen.get(digest)
+        if seen is not None and began - seen[0] < self.ttl:
             return seen[1]
         if session is None:
             with self._sessions() as own:
@@ -144,13 +145,33 @@ class TokenCache:
             info = lookup(session, token)
             session.commit()
         with self._lock:
-            if generation == self._generation:  # no revocation since it began
+            if not self._revoked_since(info, began):
                 if len(self._seen) >= self.MAX_ENTRIES:
                     self._seen.clear()
-                self._seen[digest] = (now, info)
+                self._seen[digest] = (began, info)
         return info
 
-    def forget(self) -> None:
+    def _revoked_since(self, info: TokenInfo | None, began: float) -> bool:
+        """Whether a forget() that may cover ``info`` came after a lookup that began at
+        ``began``: its answer may predate the revocation and is not kept."""
+        if self._forgot_all >= began:
+            return True
+        wid = info.worker_id if info is not None else None
+        return wid is not None and self._forgot.get(wid, -1.0) >= began
+
+    def forget(self, worker_id: int | None = None) -> None:
+        """Drop what is cached of ``worker_id``'s tokens (all tokens when None): this
+        process revoked them. Other workers' entries stay, so a burst of registrations
+        does not send every request to the database."""
+        now = time.monotonic()
         with self._lock:
-            self._seen.clear()
-            self._generation += 1
+            if worker_id is None:
+                self._seen.clear()
+                self._forgot.clear()
+                self._forgot_all = now
+                return
+            self._seen = {d: seen for d, seen in self._seen.items()
+                          if seen[1] is None or seen[1].worker_id != worker_id}
+            if len(self._forgot) >= self.MAX_ENTRIES:  # only lookups in flight need them
+                self._forgot = {w: t for w, t in self._forgot.items() if now - t < 60.0}
+            self._forgot[worker_id] = now
