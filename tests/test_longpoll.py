@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import event, func, select
+from sqlalchemy.orm import Session
 from server_fixtures import (
     REDIS_UNREACHABLE,
     REDIS_URL,
@@ -29,8 +30,9 @@ from server_fixtures import (
 )
 
 from schemas import MeasureErrorNo, MeasureResult
-from tuner_server.db.models import TrialRow
-from tuner_server.queue.notify import LeaseHub
+from tuner_server.db.models import JobRow, TaskRow, TrialRow
+from tuner_server.db.session import make_engine
+from tuner_server.queue.notify import LeaseHub, queued_counts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -355,3 +357,32 @@ def test_a_failed_subscription_closes_its_connection(monkeypatch: pytest.MonkeyP
 
     asyncio.run(subscribe())
     assert closed == [True]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_shared_check_counts_each_queue_up_to_its_own_cap(backend: str,
+                                                              tmp_path: Path) -> None:
+    """A queue with more trials queued than its waiters want must not hide another
+    queue's trials from the one shared query."""
+    with ExitStack() as stack:
+        url = stack.enter_context(empty_database(backend, tmp_path))
+        migrate(url)
+        engine = make_engine(url)
+        stack.callback(engine.dispose)
+        with Session(engine) as session, session.begin():
+            job = JobRow(target=TARGET, status="running", tuner="random", n_trial=10,
+                         plan_size=4, measure={})
+            session.add(job)
+            session.flush()
+            task = TaskRow(job_id=job.id, template="t", args=[], status="running")
+            session.add(task)
+            session.flush()
+            session.add_all(TrialRow(task_id=task.id, queue=queue, config={}, config_index=i,
+                                     status=status)
+                            for i, (queue, status) in enumerate(
+                                [("busy", "queued")] * 20 + [("quiet", "queued")] * 2
+                                + [("quiet", "done")] * 3))
+        with Session(engine) as session:
+            assert queued_counts(session, {"busy": 5, "quiet": 5}) == {"busy": 5, "quiet": 2}
+            assert queued_counts(session, {"quiet": 1, "none": 3}) == {"quiet": 1}
+            assert queued_counts(session, {}) == {}

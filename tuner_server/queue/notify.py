@@ -29,7 +29,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, union_all
 from sqlalchemy.orm import Session, sessionmaker
 
 from schemas.api import TrialStatus
@@ -55,14 +55,17 @@ def counts_of(queues: Iterable[str]) -> Counts:
     return out
 
 
-def queued_counts(session: Session, queues: list[str], cap: int) -> Counts:
-    """Queued trials per queue among ``queues``, counting at most ``cap`` in all: one
-    statement through ``ix_trials_queue`` (status, queue, id)."""
-    if not queues or cap <= 0:
+def queued_counts(session: Session, caps: dict[str, int]) -> Counts:
+    """Queued trials per queue, counting at most ``caps[queue]`` in each (a full queue
+    must not hide another's trials): one statement, a limited index range scan of
+    ``ix_trials_queue`` (status, queue, id) per queue."""
+    limited = [select(TrialRow.queue).where(TrialRow.status == TrialStatus.QUEUED,
+                                            TrialRow.queue == queue).limit(cap).subquery()
+               for queue, cap in sorted(caps.items()) if cap > 0]
+    parts = [select(part.c.queue) for part in limited]  # SQLite: no LIMIT in a UNION arm
+    if not parts:
         return {}
-    some = (select(TrialRow.queue)
-            .where(TrialRow.status == TrialStatus.QUEUED, TrialRow.queue.in_(queues))
-            .limit(cap).subquery())
+    some = (parts[0] if len(parts) == 1 else union_all(*parts)).subquery()
     return {queue: int(n) for queue, n in
             session.execute(select(some.c.queue, func.count()).group_by(some.c.queue))}
 
@@ -198,21 +201,21 @@ class LeaseHub:
                 pass
         return len(woken)
 
-    def _wanted(self) -> tuple[list[str], int]:
-        """The queues someone waits on, and how many trials they would take in all."""
+    def _wanted(self) -> dict[str, int]:
+        """How many trials the waiters of each queue would take in all."""
         with self._lock:
-            wants = {id(w): w.want for waiting in self._by_queue.values() for w in waiting}
-            return sorted(self._by_queue), min(sum(wants.values()), MAX_CHECK_ROWS)
+            return {queue: min(sum(w.want for w in waiting), MAX_CHECK_ROWS)
+                    for queue, waiting in self._by_queue.items() if waiting}
 
     def check(self) -> int:
         """The shared check: one query for every waiting queue; wakes for what is queued
         there. Runs in a worker thread (blocking I/O). Returns waiters woken."""
-        queues, cap = self._wanted()
+        caps = self._wanted()
         sessions = self._sessions
-        if not queues or sessions is None:
+        if not caps or sessions is None:
             return 0
         with sessions() as session:
-            counts = queued_counts(session, queues, cap)
+            counts = queued_counts(session, caps)
         return self.wake(counts) if counts else 0
 
     # ------------------------------------------------------------------ watcher
