@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import queue
 import random
 import re
 import shutil
 import subprocess
+import tempfile
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -17,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from compiler.records.pretuned import TOPHUB_DIR as TOPHUB_LOGS
+from compiler.runtime.child import CACHE_ENV
 from compiler.runtime.device import Device
 from compiler.runtime.isolate import IsolatedMeasurer
 from compiler.runtime.measure import MeasureRequest
@@ -43,6 +47,18 @@ def nvcc_ptx(source: Path, timeout: float = 600) -> subprocess.CompletedProcess[
                           capture_output=True, text=True, timeout=timeout)
 
 REPO = Path(__file__).resolve().parents[1]
+
+# One kernel cache for the whole run, in a folder of the run's own (the tests read
+# nothing outside the repository and their temp dirs), pinned before any test points
+# XDG_CACHE_HOME elsewhere: every device-owning child (and every `tuner` a test starts)
+# then finds a kernel another test compiled, so PoCL compiles each kernel once a run, not
+# once a test. A TUNER_KERNEL_CACHE the user set is kept; tests/test_prebuild.py gives
+# each of its tests an empty one.
+if CACHE_ENV not in os.environ:
+    _RUN_KERNELS = tempfile.mkdtemp(prefix="tuner-test-kernels-")
+    atexit.register(shutil.rmtree, _RUN_KERNELS, ignore_errors=True)
+    os.environ[CACHE_ENV] = _RUN_KERNELS
+
 TOPHUB_DIR = TOPHUB_LOGS
 
 # A typical GPU's per-block limits, with the register tile capped at 64 accumulators:
