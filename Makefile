@@ -49,8 +49,9 @@ demo: $(STAMP)
 	$(BIN)/tuner tune $(DEMO_MODEL) --target "$(DEMO_TARGET)" --trials 4
 	$(BIN)/tuner compile $(DEMO_MODEL) --target "$(DEMO_TARGET)" --benchmark
 
+# --durations: the slowest tests at the end of the log, where the time went
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=30
 
 clean:
 	rm -rf $(VENV) *.egg-info
