@@ -4,10 +4,12 @@ graph, with the AutoTVM workload its records are keyed by.
 A layer has one candidate per template that computes it, in the order the device class
 prefers (TVM's op strategy): ``conv2d_NCHWc.x86`` then ``conv2d_nchw.cuda`` on a CPU,
 the reverse on a GPU; 3x3 stride-1 layers add both Winograd templates after them
-(``conv2d_nchw_winograd.cuda``, then ``conv2d_NCHWc_winograd.x86``). Tuning takes the
-preferred one and the device class's Winograd; a build takes, per layer, the candidate
-with the fastest record measured on this device (TVM's select_implementation), else the
-first with any usable record, else the preferred one's default config.
+(``conv2d_nchw_winograd.cuda``, then ``conv2d_NCHWc_winograd.x86``), 1x1 layers without
+padding the CPU packed-GEMM template ``conv2d_NCHWc_1x1.x86``. Tuning takes the
+preferred one and the device class's Winograd (on a CPU also the 1x1 template); a build
+takes, per layer, the candidate with the fastest record measured on this device (TVM's
+select_implementation), else the first with any usable record, else the preferred one's
+default config.
 Layers with equal workloads (ResNet repeats its blocks) are one task: tuned once, used
 everywhere.
 """
@@ -25,6 +27,7 @@ CONV_GPU, CONV_CPU = "conv2d_nchw.cuda", "conv2d_NCHWc.x86"
 WINOGRAD, DEPTHWISE, CONV_INT8 = ("conv2d_nchw_winograd.cuda", "depthwise_conv2d_nchw.cuda",
                                   "conv2d_nchw_int8.cuda")
 WINOGRAD_CPU = "conv2d_NCHWc_winograd.x86"
+CONV1X1_CPU = "conv2d_NCHWc_1x1.x86"
 DENSE_SMALL, DENSE_LARGE, DENSE_CPU = ("dense_small_batch.gpu", "dense_large_batch.gpu",
                                        "dense_pack.x86")
 # AutoTVM's CUDA strategy switches dense to the tiled schedule from this batch size on.
@@ -63,6 +66,12 @@ def _winograd_fits(node: Node) -> bool:
             and tuple(node.attr("dilation")) == (1, 1))
 
 
+def _one_by_one_fits(node: Node) -> bool:
+    """The 1x1 packed-GEMM template: 1x1 kernels without padding (any stride)."""
+    kh, kw = node.inputs[1].ty.shape[2:]
+    return (kh, kw) == (1, 1) and not any(node.attr("padding"))
+
+
 def _conv_candidates(node: Node, cpu: bool) -> list[Workload]:
     data, weight = node.inputs[0].ty, node.inputs[1].ty
     if data.dtype == "int8":
@@ -87,14 +96,16 @@ def _conv_candidates(node: Node, cpu: bool) -> list[Workload]:
     if _winograd_fits(node):
         found.append(Workload(template=WINOGRAD, args=gpu.args))
         found.append(Workload(template=WINOGRAD_CPU, args=host.args))
+    if _one_by_one_fits(node):
+        found.append(Workload(template=CONV1X1_CPU, args=host.args))
     return found
 
 
 def candidates(node: Node, target: Target | None = None) -> list[Workload]:
     """The template workloads that can compute ``node``, preferred first (Winograd, for
-    3x3 stride-1 layers, after the direct ones); empty for ops no template covers
-    (a grouped conv other than depthwise runs a plain kernel; ``fuse_ops`` splits float
-    ones into per-group convs, which templates cover)."""
+    3x3 stride-1 layers, and the 1x1 template after the direct ones); empty for ops no
+    template covers (a grouped conv other than depthwise runs a plain kernel;
+    ``fuse_ops`` splits float ones into per-group convs, which templates cover)."""
     cpu = target is not None and target.device_class == "cpu"
     # CPU templates pack the weight at build time: only a constant weight can be packed
     packable = node.inputs[1].is_const if len(node.inputs) > 1 else False
@@ -113,11 +124,12 @@ def candidates(node: Node, target: Target | None = None) -> list[Workload]:
 def tuning_candidates(node: Node, target: Target | None = None) -> list[Workload]:
     """What tuning covers for ``node``: the preferred workload, and the device class's
     Winograd too where it applies (``conv2d_NCHWc_winograd.x86`` on a CPU, the GPU one
-    elsewhere), so a build can take whichever of direct and Winograd measured faster."""
+    elsewhere), on a CPU the 1x1 template too, so a build can take whichever of them
+    measured faster."""
     found = candidates(node, target)
     cpu = target is not None and target.device_class == "cpu"
-    winograd = WINOGRAD_CPU if cpu else WINOGRAD
-    return found[:1] + [w for w in found[1:] if w.template == winograd]
+    extra = {WINOGRAD_CPU, CONV1X1_CPU} if cpu else {WINOGRAD}
+    return found[:1] + [w for w in found[1:] if w.template in extra]
 
 
 def node_workload(node: Node, target: Target | None = None) -> Workload | None:

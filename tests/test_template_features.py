@@ -28,6 +28,7 @@ from conftest import (
 
 PACK = "dense_pack.x86"
 WINOGRAD_CPU = "conv2d_NCHWc_winograd.x86"
+CONV1X1_CPU = "conv2d_NCHWc_1x1.x86"
 
 # ResNet-50 / VGG-16 layers; per template at least two whose args differ in shape (a 1x1
 # and a 3x3 conv, a dense with and without bias, a 3-arg dense log entry).
@@ -61,6 +62,10 @@ WORKLOADS: dict[str, list[Workload]] = {
     WINOGRAD_CPU: [
         Workload(template=WINOGRAD_CPU, args=nchwc_workload(1, 64, 56, 64, 3, 1, 1).args),
         Workload(template=WINOGRAD_CPU, args=nchwc_workload(1, 512, 7, 512, 3, 1, 1).args),
+    ],
+    CONV1X1_CPU: [
+        Workload(template=CONV1X1_CPU, args=nchwc_workload(1, 2048, 7, 512, 1, 1, 0).args),
+        Workload(template=CONV1X1_CPU, args=nchwc_workload(1, 256, 56, 512, 1, 2, 0).args),
     ],
 }
 TEMPLATES = list(WORKLOADS)

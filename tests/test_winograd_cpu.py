@@ -27,7 +27,7 @@ from compiler.passes import optimize
 from compiler.records import THIS_DEVICE, MemorySource
 from compiler.runtime.device import Device
 from compiler.runtime.measure import MeasureRequest, max_abs_error_ok, measure
-from compiler.tasks import CONV_CPU, WINOGRAD_CPU, candidates, extract_tasks
+from compiler.tasks import CONV1X1_CPU, CONV_CPU, WINOGRAD_CPU, candidates, extract_tasks
 from compiler.templates import ConfigError, Epilogue, IOLayout, WorkloadError, get_template
 from compiler.templates.base import blocked_shape, from_blocked, to_blocked
 from compiler.templates.conv2d_winograd import pack_filter
@@ -155,7 +155,8 @@ def test_compiler_extracts_the_task_beside_the_direct_one() -> None:
     conv1 = b.call("nn.conv2d", [conv3, w1], "conv1")
     graph = optimize(b.finish([conv1]))
     tasks = extract_tasks(graph, CPU)
-    assert [t.template for t in tasks] == [CONV_CPU, WINOGRAD_CPU, CONV_CPU]
+    # the 1x1 layer: the direct template and the 1x1 packed GEMM (tests/test_conv1x1.py)
+    assert [t.template for t in tasks] == [CONV_CPU, WINOGRAD_CPU, CONV_CPU, CONV1X1_CPU]
     assert tasks[1].workload.args == tasks[0].workload.args  # the same workload
     # no records: the default build keeps the direct template
     plan, chosen, _ = select_layers(graph, CPU, None, DeviceLimits())
