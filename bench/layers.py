@@ -11,9 +11,12 @@ how many layers run it). Per row, in one run on the same device:
 - ``conv2d_NCHWc.x86`` default config;
 - ``conv2d_nchw.cuda``: its best record of this device in the same database, else its
   default config;
+- ``conv2d_NCHWc_1x1.x86`` (the packed-GEMM template of 1x1 layers without padding):
+  its best record of this device in the same database, else its default config;
 - onnxruntime's Conv (a one-node ONNX model, CPUExecutionProvider) on the same shape and
   the same input arrays;
-- the speed ratio CPU-tuned / onnxruntime (``✗`` marks 3x3 layers below 0.5x).
+- the speed ratio CPU-tuned / onnxruntime (``✗`` marks 3x3 layers below 0.5x), and the
+  best CPU template's (direct or 1x1: what a build takes) / onnxruntime.
 
 Every kernel time counts only after its output matched numpy (the measurer checks it:
 error_no 0); onnxruntime's output is checked against the same numpy reference. Kernel
@@ -59,7 +62,7 @@ from compiler.runtime.measure import (
     measure,
     task_operands,
 )
-from compiler.tasks import CONV_CPU, CONV_GPU, extract_tasks
+from compiler.tasks import CONV1X1_CPU, CONV_CPU, CONV_GPU, extract_tasks
 from compiler.templates import Epilogue, get_template
 from compiler.templates.ops import Conv2dOp
 from schemas import Config, MeasureOptions, Record, Target, Workload
@@ -73,12 +76,14 @@ MARK = "✗"
 
 @dataclass
 class Layer:
-    """One distinct conv workload: both templates' workloads and the layers running it."""
+    """One distinct conv workload: the templates' workloads and the layers running it
+    (``gemm``: the 1x1 template's, for 1x1 layers without padding)."""
 
     index: int
     cpu: Workload
     gpu: Workload
     nodes: list[str]
+    gemm: Workload | None = None
 
     @property
     def op(self) -> Conv2dOp:
@@ -127,6 +132,7 @@ class Row:
     cpu_tuned: Timing = field(default_factory=Timing)
     cpu_default: Timing = field(default_factory=Timing)
     gpu: Timing = field(default_factory=Timing)
+    gemm: Timing = field(default_factory=Timing)
     ort: Timing = field(default_factory=Timing)
     ort_max_err: float = 0.0
 
@@ -136,6 +142,15 @@ class Row:
         if self.cpu_tuned.seconds is None or self.ort.seconds is None:
             return None
         return self.ort.seconds / self.cpu_tuned.seconds
+
+    @property
+    def best_ratio(self) -> float | None:
+        """Speed of the faster CPU template (direct as in ``ratio``, or the 1x1 one) over
+        onnxruntime's."""
+        times = [t.seconds for t in (self.cpu_tuned, self.gemm) if t.seconds is not None]
+        if not times or self.ort.seconds is None:
+            return None
+        return self.ort.seconds / min(times)
 
 
 def conv_layers(target: Target) -> list[Layer]:
@@ -147,6 +162,8 @@ def conv_layers(target: Target) -> list[Layer]:
     # dilation
     gpu_by_conv = {repr(t.workload.args[:5]): t.workload for t in tasks
                    if t.template == CONV_GPU}
+    gemm_by_conv = {repr(t.workload.args[:5]): t.workload for t in tasks
+                    if t.template == CONV1X1_CPU}
     layers: list[Layer] = []
     for task in tasks:
         if task.template != CONV_CPU:
@@ -154,7 +171,8 @@ def conv_layers(target: Target) -> list[Layer]:
         gpu = gpu_by_conv.get(repr(task.workload.args[:5]))
         if gpu is None:  # every conv the CPU template takes, the GPU template takes too
             raise RuntimeError(f"{task.workload.key}: no {CONV_GPU} candidate")
-        layers.append(Layer(len(layers), task.workload, gpu, list(task.layers)))
+        layers.append(Layer(len(layers), task.workload, gpu, list(task.layers),
+                            gemm_by_conv.get(repr(task.workload.args[:5]))))
     return layers
 
 
@@ -251,6 +269,21 @@ def run_layer(layer: Layer, device: Device, source: RecordSource | None, options
     row.gpu.note = note
     log(f"{CONV_GPU} {note}: {gf(row.gpu)}")
 
+    if layer.gemm is not None:
+        gemm_t = get_template(CONV1X1_CPU)
+        (gemm_choice,) = choose_configs([layer.gemm], source, target, limits)
+        if gemm_choice.source == THIS_DEVICE and gemm_choice.record is not None:
+            assert source is not None
+            gemm_trials = sum(1 for c in source.candidates([layer.gemm], target)
+                              if _this_device(c.record, target))
+            gemm_config, note = gemm_choice.config, f"tuned, {gemm_trials} trials"
+        else:
+            gemm_config, note = gemm_t.default_config(layer.gemm), "default"
+        row.gemm = time_kernel(device, CONV1X1_CPU, layer.gemm, gemm_config, options,
+                               args.seed)
+        row.gemm.note = note
+        log(f"{CONV1X1_CPU} {note}: {gf(row.gemm)}")
+
     # the very arrays (and numpy reference) the measurer gave the CPU template's kernels
     inputs, reference = task_operands(CONV_CPU, layer.cpu, Epilogue(), args.seed)
     row.ort, row.ort_max_err = time_onnxruntime(layer.op, inputs, reference(), options,
@@ -280,17 +313,19 @@ def fmt_ratio(row: Row) -> str:
 
 def print_table(rows: list[Row]) -> None:
     print("| # | layer (k s C x H x W K) | layers | GFLOP | NCHWc tuned GFLOP/s | trials "
-          "| NCHWc default GFLOP/s | nchw.cuda GFLOP/s | onnxruntime GFLOP/s "
-          "| tuned / onnxruntime |")
-    print("|---:|---|---:|---:|---:|---:|---:|---|---:|---:|")
+          "| NCHWc default GFLOP/s | nchw.cuda GFLOP/s | NCHWc_1x1 GFLOP/s "
+          "| onnxruntime GFLOP/s | tuned / onnxruntime | best CPU / onnxruntime |")
+    print("|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|")
     for r in rows:
         la = r.layer
         tuned = fmt_gflops(r, r.cpu_tuned) if r.tuned else (
             f"untuned ({fmt_gflops(r, r.cpu_tuned)})")
         print(f"| {la.index} | {la.label} | {len(la.nodes)} | {la.gflop:.3f} | {tuned} "
               f"| {r.cpu_trials if r.tuned else '-'} | {fmt_gflops(r, r.cpu_default)} "
-              f"| {fmt_gflops(r, r.gpu, note=True)} | {fmt_gflops(r, r.ort)} "
-              f"| {fmt_ratio(r)} |")
+              f"| {fmt_gflops(r, r.gpu, note=True)} "
+              f"| {fmt_gflops(r, r.gemm, note=True) if la.gemm else '-'} "
+              f"| {fmt_gflops(r, r.ort)} | {fmt_ratio(r)} "
+              f"| {'-' if r.best_ratio is None else f'{r.best_ratio:.2f}x'} |")
 
 
 def print_summary(rows: list[Row]) -> None:
@@ -330,7 +365,7 @@ def print_details(rows: list[Row]) -> None:
             print(f"# {la.index} {la.label}: tuned {knobs} (recorded {then:.2f} GFLOP/s)")
         for name, t in (("NCHWc tuned", r.cpu_tuned if r.tuned else Timing()),
                         ("NCHWc default", r.cpu_default), ("nchw.cuda", r.gpu),
-                        ("onnxruntime", r.ort)):
+                        ("NCHWc_1x1", r.gemm), ("onnxruntime", r.ort)):
             if t.error:
                 print(f"# {la.index} {la.label}: {name}: {t.error}")
         print(f"# {la.index} {la.label}: layers {', '.join(la.nodes)}; "
@@ -384,8 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# code: {git_revision()}")
     print(f"# model: {MODEL} (onnx light model), {len(layers)} distinct conv workloads in "
           f"{sum(len(la.nodes) for la in layers)} conv layers; {len(chosen)} rows shown")
-    print(f"# records: {args.database_url} "
-          f"({'absent: nothing tuned' if source is None else f'{len(source)} records of these workloads'})")
+    workloads = [w for la in chosen for w in (la.cpu, la.gpu, la.gemm) if w is not None]
+    found = (f"{len(source.candidates(workloads, target))} records of these workloads"
+             if source is not None else "absent: nothing tuned")
+    print(f"# records: {args.database_url} ({found})")
     print(f"# onnxruntime {ort.__version__} CPUExecutionProvider, "
           f"intra_op_num_threads={args.ort_threads}")
     print(f"# timing: number>={args.number}, repeat={args.repeat}, "
@@ -400,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     print_details(rows)
     print(f"# total {time.time() - started:.0f} s")
     failed = [r for r in rows
-              if any(t.error for t in (r.cpu_tuned, r.cpu_default, r.gpu, r.ort))]
+              if any(t.error for t in (r.cpu_tuned, r.cpu_default, r.gpu, r.gemm, r.ort))]
     return 1 if failed else 0
 
 

@@ -1,0 +1,189 @@
+"""ResNet-50's 1x1 conv layers: ``conv2d_NCHWc_1x1.x86`` against ``conv2d_NCHWc.x86``,
+both at their default config, in the layouts a build gives them, timed in CPU seconds.
+
+Why CPU seconds: on a machine shared with other work, wall-clock times of one kernel
+swing by 2-5x between rounds (the OS hands the cores to others), so ratios of wall
+times taken one after another mean little. The CPU time this process spends (user +
+system, PoCL's worker threads included) per launch counts the work the kernel does and
+not the waits; both templates are measured the same way, alternating, so their ratio is
+the figure to read. (onnxruntime is left out: its thread pool spins while it waits, so
+its CPU seconds are not its work.) ``--wall`` times wall clock instead.
+
+Per layer and template: the kernel is built for ``--io`` (``blocked``: data in
+NCHW[16]c and the output in NCHW[oc_bn]c, as a build chains CPU convs; ``plain``: NCHW,
+as the measurer times trials), its output checked against numpy (the measurer's
+tolerance), then ``--rounds`` alternating rounds of enough launches for ~0.2 GFLOP;
+the median round counts.
+
+``--model resnet50``: end to end on the onnx package's light model with random weights
+(up to its logits), two builds: Winograd's default config on the 3x3 stride-1 layers
+(the best build so far, docs/BENCHMARKS.md) and the same plus the 1x1 template's default
+config on every 1x1 layer (each offered as a record measured here, so the build takes
+it); both outputs checked against onnxruntime's, then alternating rounds of 3 runs
+each, CPU seconds (``--wall``: wall clock) per run.
+
+    .venv/bin/python bench/conv1x1.py                    # every 1x1 layer, blocked
+    .venv/bin/python bench/conv1x1.py --io plain --layers 1x1s2
+    .venv/bin/python bench/conv1x1.py --model resnet50
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+from common import cpu_model, git_revision
+from layers import Layer, conv_layers, select
+
+from compiler.runtime import Device, open_device
+from compiler.runtime.measure import max_abs_error_ok
+from compiler.tasks import CONV1X1_CPU, CONV_CPU
+from compiler.templates import Epilogue, IOLayout, get_template
+from compiler.templates.base import from_blocked, to_blocked
+from schemas import MeasureOptions, Workload
+
+DATA_BLOCK = 16  # what the layer before writes by default (its oc_bn)
+CHECK = MeasureOptions(number=1, repeat=1, min_repeat_ms=0)
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def prepared(device: Device, workload: Workload, blocked: bool) -> Callable[[], None]:
+    """One launch of ``workload``'s default config, its output checked against numpy."""
+    template = get_template(workload.template)
+    config = template.default_config(workload)
+    arrays = template.make_inputs(workload, Epilogue(), np.random.default_rng(0))
+    want = template.reference(workload, arrays)
+    io = IOLayout(DATA_BLOCK, template.out_block(workload, config)) if blocked else IOLayout()
+    kernel = template.codegen(workload, config, device.dialect, Epilogue(), io)
+    program = device.build(kernel)
+    buffers = [device.upload(np.ascontiguousarray(to_blocked(arrays[0], io.data_block))),
+               device.upload(template.pack_weight(workload, config, arrays[1]))]
+    out = device.alloc(kernel.buffers[-1].shape)
+    device.run(program, kernel, [*buffers, out])
+    got = from_blocked(device.download(out, kernel.buffers[-1].shape), io.out_block)
+    ok, why = max_abs_error_ok(got, want, CHECK)
+    if not ok:
+        raise SystemExit(f"{workload.template} {workload.args[:3]}: differs from numpy: {why}")
+    return lambda: device.run(program, kernel, [*buffers, out])
+
+
+def model_main(device: Device, name: str, rounds: int, clock: Callable[[], float]) -> int:
+    """``--model``: the Winograd build against Winograd + the 1x1 template."""
+    import onnx
+    from winograd import without_final_softmax
+
+    import onnxruntime as ort
+    from compiler.build_module import build, load_graph
+    from compiler.frontend.samples import light_path, runner_input, with_random_weights
+    from compiler.passes import optimize
+    from compiler.records import MemorySource
+    from compiler.tasks import WINOGRAD_CPU, extract_tasks
+    from schemas import MeasureErrorNo, MeasureResult, Record
+
+    model = without_final_softmax(with_random_weights(onnx.load(light_path(name)), seed=0))
+    x = np.random.default_rng(1).uniform(0, 1, size=runner_input(model).shape)
+    x = x.astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    want = session.run(None, {session.get_inputs()[0].name: x})[0]
+    graph = optimize(load_graph(model))
+    tasks = extract_tasks(graph, device.target)
+
+    def offered(template: str) -> list[Record]:
+        """``template``'s default config as this device's fastest record of its tasks."""
+        t = get_template(template)
+        return [Record(target=device.target, workload=task.workload,
+                       config=t.default_config(task.workload),
+                       result=MeasureResult(costs=(1e-9,), error_no=MeasureErrorNo.NO_ERROR))
+                for task in tasks if task.template == template]
+
+    winograd, gemm = offered(WINOGRAD_CPU), offered(CONV1X1_CPU)
+    modules = {"Winograd build": build(graph, device=device, optimized=True,
+                                       records=MemorySource(winograd)),
+               "Winograd + 1x1 build": build(graph, device=device, optimized=True,
+                                             records=MemorySource(winograd + gemm))}
+    layers = sum(len(t.layers) for t in modules["Winograd + 1x1 build"].tasks
+                 if t.template == CONV1X1_CPU)
+    print(f"## {name}: {len(gemm)} 1x1 workloads ({layers} layers) on {CONV1X1_CPU}")
+    scale = float(np.abs(want).max())
+    for label, module in modules.items():
+        (got,) = module.run([x])
+        err = float(np.abs(got - want).max()) / scale
+        if not np.allclose(got, want, rtol=1e-3, atol=1e-5 * scale):
+            raise SystemExit(f"{label} disagrees with onnxruntime: max error {err:.2e} of max")
+        print(f"   {label}: output matches onnxruntime (max error {err:.2e} of max |output|)")
+    costs: dict[str, list[float]] = {k: [] for k in modules}
+    for _ in range(rounds):
+        for label, module in modules.items():
+            start = clock()
+            for _ in range(3):
+                module.run([x])
+            costs[label].append((clock() - start) / 3)
+    base, new = (statistics.median(costs[k]) for k in modules)
+    print(f"\nms per run, medians of {rounds} alternating rounds (3 runs each), load "
+          f"{os.getloadavg()[0]:.1f}\n")
+    print("| model | Winograd build | Winograd + 1x1 build | speed-up |")
+    print("|---|---:|---:|---:|")
+    print(f"| {name} | {base * 1e3:.1f} | {new * 1e3:.1f} | {base / new:.2f}x |")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", default="1x1",
+                   help="rows of bench/layers.py --list (indices or label substrings); "
+                        "1x1 layers only (default: every one)")
+    p.add_argument("--io", choices=("blocked", "plain"), default="blocked")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--wall", action="store_true", help="wall-clock seconds, not CPU seconds")
+    p.add_argument("--model", default="", help="a light model: builds with and without it")
+    args = p.parse_args(argv)
+    device = open_device()
+    clock = time.perf_counter if args.wall else cpu_seconds
+    rows: list[Layer] = [la for la in select(conv_layers(device.target), args.layers)
+                         if la.gemm is not None]
+    print(f"# bench/conv1x1.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device.info.name} | "
+          f"{git_revision()} | io {args.io} | {'wall' if args.wall else 'CPU'} seconds")
+    if args.model:
+        return model_main(device, args.model, args.rounds, clock)
+    print("\n| # | layer | load | direct default | 1x1 default | 1x1 / direct |")
+    print("|---:|---|---:|---:|---:|---:|")
+    ratios = []
+    for la in rows:
+        assert la.gemm is not None
+        runs = {name: prepared(device, wl, args.io == "blocked")
+                for name, wl in ((CONV_CPU, la.cpu), (CONV1X1_CPU, la.gemm))}
+        launches = max(3, round(0.2e9 / (la.gflop * 1e9)))
+        per: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(args.rounds):
+            for name, launch in runs.items():
+                start = clock()
+                for _ in range(launches):
+                    launch()
+                per[name].append((clock() - start) / launches)
+        direct, gemm = (statistics.median(per[n]) for n in (CONV_CPU, CONV1X1_CPU))
+        ratios.append(direct / gemm)
+        print(f"| {la.index} | {la.label} | {os.getloadavg()[0]:.1f} "
+              f"| {la.gflop / direct:.1f} | {la.gflop / gemm:.1f} | {direct / gemm:.2f}x |",
+              flush=True)
+    if ratios:
+        geo = float(np.exp(np.mean(np.log(ratios))))
+        print(f"\n# GFLOP per {'second' if args.wall else 'CPU-second'}; 1x1 / direct: "
+              f"geometric mean {geo:.2f}x, min {min(ratios):.2f}x, max {max(ratios):.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
