@@ -33,6 +33,7 @@ from tuner_server.middleware import MAX_DETAIL_CHARS, Guard, outage_reason
 from tuner_server.queue import QueueUnavailable, make_queue
 from tuner_server.services.dispatch import workers_alive
 from tuner_server.services.metrics import METRICS_CONTENT_TYPE, Metrics
+from tuner_server.services.model_view import ModelViews
 from tuner_server.services.scheduler import PassStats, Scheduler
 from tuner_server.services.tokens import TokenCache, ensure_token
 from tuner_server.settings import Settings
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.queue = queue
     app.state.metrics = metrics
     app.state.scheduler = scheduler
+    app.state.model_views = ModelViews()  # each job's model view, extended per call
     app.state.read_only = False  # the local dashboard's app (tuner dashboard) sets it
     app.include_router(dashboard_api.router)
     app.include_router(jobs.router)

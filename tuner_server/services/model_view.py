@@ -6,20 +6,22 @@ The estimate is AutoTVM's way of judging a tuned model without running it: the s
 tasks of the best measured cost times the number of layers that run the task's kernel.
 It is defined once every task has a working trial; the default build's estimate (the
 starting line) once every task's default config (the scheduler measures it first) has
-been measured. One query reads the job's results in the order they were stored."""
+been measured. The view is a left fold over the job's results in the order they were
+stored; :class:`ModelViews` keeps each job's fold, so a poll reads only what is new."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from compiler.templates import get_template
@@ -77,13 +79,11 @@ def _default_of(template: str, args_json: str) -> int | None:
 
 
 @dataclass
-class _TaskState:
-    """What one pass over a task's results finds."""
+class _TaskFold:
+    """One task's results folded in the order stored."""
 
-    row: TaskRow
     weight: int
     default_index: int | None
-    flops: float | None
     trials: int = 0
     best: float | None = None
     default_cost: float | None = None
@@ -91,96 +91,230 @@ class _TaskState:
     curve: list[tuple[int, float]] = field(default_factory=list)
 
 
+@dataclass
+class _JobFold:
+    """A job's results folded in record-id order: everything the view needs that depends
+    on the results. A left fold, so results stored after the last one folded extend it."""
+
+    tasks: dict[int, _TaskFold]
+    measured: int = 0  # tasks with a working trial
+    total: float | None = None  # the estimate now
+    # (record id, results so far, estimate) at each change of the estimate
+    marks: list[tuple[int, int, float]] = field(default_factory=list)
+    count: int = 0
+    searched: int = 0  # results of search trials (not verification) among ``count``
+    last_id: int | None = None
+    seen: int = 0  # every result with a record id up to this, visible when read, is in
+    created: dict[int, float] = field(default_factory=dict)  # record id -> stored at, as read
+
+    def add(self, results: Sequence[Any]) -> None:
+        """Fold in these rows of :func:`_results`, ordered by record id and all above
+        ``last_id``."""
+        for record_id, task_id, config_index, cost, error_no, verify_round in results:
+            self.count += 1
+            self.searched += not verify_round
+            self.last_id = record_id
+            state = self.tasks[task_id]
+            state.trials += 1
+            ok = error_no == 0 and cost is not None and 0 < cost < FAILED_COST
+            if not ok:
+                state.errors[int(error_no)] += 1
+                continue
+            if config_index == state.default_index and state.default_cost is None:
+                state.default_cost = cost
+            if state.best is not None and cost >= state.best:
+                continue
+            if state.best is None:
+                self.measured += 1
+            state.best = cost
+            state.curve.append((state.trials, cost))
+            if self.measured == len(self.tasks):
+                self.total = sum(s.best * s.weight for s in self.tasks.values()
+                                 if s.best is not None)
+                self.marks.append((record_id, self.count, self.total))
+
+
 def _gflops(flops: float | None, cost: float | None) -> float | None:
     return flops / cost / 1e9 if flops and cost else None
 
 
-def _item(state: _TaskState, total: float | None, n_trial: int) -> ModelTask:
-    task = state.row
+def _item(task: TaskRow, state: _TaskFold, flops: float | None, total: float | None,
+          n_trial: int) -> ModelTask:
     share = state.best * state.weight / total if total and state.best is not None else None
     return ModelTask(
         id=task.id, template=task.template, args=task.args, status=TaskStatus(task.status),
         layers=list(task.layers or []), layer_count=state.weight,
         trials_done=task.trials_done, n_trial=n_trial,
-        default_cost=state.default_cost, default_gflops=_gflops(state.flops, state.default_cost),
-        best_cost=state.best, best_gflops=_gflops(state.flops, state.best),
+        default_cost=state.default_cost, default_gflops=_gflops(flops, state.default_cost),
+        best_cost=state.best, best_gflops=_gflops(flops, state.best),
         speedup=(state.default_cost / state.best
                  if state.default_cost is not None and state.best else None),
         errors=sum(state.errors.values()),
         error_counts={str(e): n for e, n in sorted(state.errors.items())},
         share=share,
-        curve=[CurvePoint(trial=n, best_cost=c, best_gflops=_gflops(state.flops, c))
+        curve=[CurvePoint(trial=n, best_cost=c, best_gflops=_gflops(flops, c))
                for n, c in _thin(state.curve, lambda point: point[0], SPARK_POINTS)])
 
 
-def _created(session: Session, record_ids: Sequence[int]) -> dict[int, float]:
-    """Record id -> unix seconds it was stored, for these (few) records."""
-    out: dict[int, float] = {}
-    for start in range(0, len(record_ids), IN_CHUNK):
-        chunk = record_ids[start:start + IN_CHUNK]
+def _results(session: Session, task_ids: list[int], after: int | None) -> Sequence[Any]:
+    """The results of these tasks stored with a record id above ``after`` (all: None), as
+    (record id, task id, config index, mean cost, error_no, verify round) in id order.
+    Core rows, not ORM ones: tens of thousands of them on a first read."""
+    query = (select(RecordRow.id, TrialRow.task_id, TrialRow.config_index, RecordRow.mean_cost,
+                    RecordRow.error_no, TrialRow.verify_round)
+             .join(TrialRow, TrialRow.id == RecordRow.trial_id).order_by(RecordRow.id))
+    if after is None:
+        query = query.where(TrialRow.task_id.in_(task_ids))
+    else:
+        # ``task_id + 0``: SQLite would otherwise walk every trial of the tasks (their
+        # index) rather than the few records stored since (the primary key's range)
+        query = query.where(RecordRow.id > after, (TrialRow.task_id + 0).in_(task_ids))
+    return session.connection().execute(query).all() if task_ids else []
+
+
+def _top(session: Session) -> int:
+    """The highest record id stored (any job's): results read later above it are new."""
+    return int(session.scalar(select(func.max(RecordRow.id))) or 0)
+
+
+def _searched(session: Session, task_ids: list[int]) -> int:
+    """The tasks' search results stored (``trials_done``, which a report raises in the
+    transaction that stores its records; verification results are not counted)."""
+    return int(session.scalar(select(func.sum(TaskRow.trials_done))
+                              .where(TaskRow.id.in_(task_ids))) or 0)
+
+
+def _created(session: Session, fold: _JobFold, record_ids: Sequence[int]) -> dict[int, float]:
+    """Record id -> unix seconds it was stored, for these (few) records; those read on an
+    earlier call come from ``fold``, which keeps only these afterwards."""
+    known = {rid: fold.created[rid] for rid in record_ids if rid in fold.created}
+    missing = [rid for rid in record_ids if rid not in known]
+    for start in range(0, len(missing), IN_CHUNK):
+        chunk = missing[start:start + IN_CHUNK]
         for rid, at in session.execute(select(RecordRow.id, RecordRow.created_at)
                                        .where(RecordRow.id.in_(chunk))):
-            out[int(rid)] = _epoch(at) or 0.0
-    return out
+            known[int(rid)] = _epoch(at) or 0.0
+    fold.created = known
+    return known
 
 
-def model_view(session: Session, job_id: int, now: float | None = None) -> ModelView | None:
-    """The job as a model's tuning (see the module's doc); None: no such job."""
+def _new_fold(tasks: Sequence[TaskRow]) -> _JobFold:
+    return _JobFold({t.id: _TaskFold(len(t.layers) if t.layers else 1, _default_index(t))
+                     for t in tasks})
+
+
+def _signature(fold: _JobFold) -> list[tuple[int, int, int | None]]:
+    """What a fold was started from: each task's id, layer count and default config."""
+    return [(task_id, s.weight, s.default_index) for task_id, s in fold.tasks.items()]
+
+
+@dataclass
+class _Slot:
+    """One job's place in :class:`ModelViews`: its fold, and the lock a call holds while it
+    extends the fold and reads the view from it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    fold: _JobFold | None = None
+
+
+class ModelViews:
+    """Each job's fold kept between calls, one per server process (``app.state``): a call
+    reads only the results stored since the last one it folded, through the records'
+    primary key, instead of all of the job's (28,000 for a model's 28 tasks at 1,000
+    trials each).
+
+    Results are folded in record-id order, and a transaction may commit a lower id after
+    a higher one was read. So each call then compares the search results folded with the
+    tasks' ``trials_done`` (which the storing transaction raises): a difference that
+    another read of what is new does not settle (a result stored meanwhile) means a
+    result committed below those read, and the fold starts again from the job's tasks,
+    as it does when the tasks change (a database whose counters disagree with its records
+    is so read in full on every call, as without this). Least recently viewed jobs beyond
+    ``max_jobs`` are dropped."""
+
+    def __init__(self, max_jobs: int = 64) -> None:
+        self.max_jobs = max_jobs
+        self.rebuilds = 0  # folds started from scratch (a first view, or a check failed)
+        self._lock = threading.Lock()
+        self._slots: OrderedDict[int, _Slot] = OrderedDict()
+
+    def slot(self, job_id: int) -> _Slot:
+        """The job's slot (made on first use), marked most recently used."""
+        with self._lock:
+            slot = self._slots.get(job_id)
+            if slot is None:
+                slot = self._slots[job_id] = _Slot()
+                while len(self._slots) > self.max_jobs:
+                    self._slots.popitem(last=False)
+            self._slots.move_to_end(job_id)
+            return slot
+
+    def update(self, session: Session, slot: _Slot, tasks: Sequence[TaskRow]) -> _JobFold:
+        """The slot's fold brought up to the results stored now (the caller holds
+        ``slot.lock``)."""
+        fold = slot.fold
+        if fold is not None and _signature(fold) == _signature(_new_fold(tasks)):
+            task_ids = list(fold.tasks)
+            for _ in range(2):
+                _extend(session, fold, task_ids)
+                # read after the results: equal means every one stored by then is folded
+                if _searched(session, task_ids) == fold.searched:
+                    return fold
+        self.rebuilds += 1
+        slot.fold = fold = _new_fold(tasks)
+        _extend(session, fold, list(fold.tasks))
+        return fold
+
+
+def _extend(session: Session, fold: _JobFold, task_ids: list[int]) -> None:
+    """Fold in the results stored above ``fold.seen`` (all, for a new fold)."""
+    top = _top(session)  # before the read: whatever it finds up to here was visible
+    fold.add(_results(session, task_ids, fold.seen if fold.count else None))
+    fold.seen = max(top, fold.seen, fold.last_id or 0)
+
+
+def model_view(session: Session, job_id: int, now: float | None = None,
+               views: ModelViews | None = None) -> ModelView | None:
+    """The job as a model's tuning (see the module's doc); None: no such job. With
+    ``views``, the job's fold kept there is extended; without, every result is read."""
     job = session.get(JobRow, job_id)
     if job is None:
         return None
     rows = session.scalars(select(TaskRow).where(TaskRow.job_id == job_id)
                            .order_by(TaskRow.id)).all()
-    states = {t.id: _TaskState(t, len(t.layers) if t.layers else 1, _default_index(t),
-                               workload_flops(t.template, t.args)) for t in rows}
-    # Core rows, not ORM ones: tens of thousands of them, read on every poll
-    results = session.connection().execute(
-        select(RecordRow.id, TrialRow.task_id, TrialRow.config_index, RecordRow.mean_cost,
-               RecordRow.error_no)
-        .join(TrialRow, TrialRow.id == RecordRow.trial_id)
-        .where(TrialRow.task_id.in_(list(states))).order_by(RecordRow.id)).all() if states else []
-    measured = 0
-    total: float | None = None
-    marks: list[tuple[int, int, float]] = []  # (record id, results so far, estimate)
-    count = 0
-    last_id: int | None = None
-    for record_id, task_id, config_index, cost, error_no in results:
-        count += 1
-        last_id = record_id
-        state = states[task_id]
-        state.trials += 1
-        ok = error_no == 0 and cost is not None and 0 < cost < FAILED_COST
-        if not ok:
-            state.errors[int(error_no)] += 1
-            continue
-        if config_index == state.default_index and state.default_cost is None:
-            state.default_cost = cost
-        if state.best is not None and cost >= state.best:
-            continue
-        if state.best is None:
-            measured += 1
-        state.best = cost
-        state.curve.append((state.trials, cost))
-        if measured == len(states):
-            total = sum(s.best * s.weight for s in states.values() if s.best is not None)
-            marks.append((record_id, count, total))
+    if views is None:
+        fold = _new_fold(rows)
+        _extend(session, fold, list(fold.tasks))
+        return _view(session, job, rows, fold, now)
+    slot = views.slot(job_id)
+    with slot.lock:
+        return _view(session, job, rows, views.update(session, slot, rows), now)
+
+
+def _view(session: Session, job: JobRow, rows: Sequence[TaskRow], fold: _JobFold,
+          now: float | None) -> ModelView:
+    """The view read from a fold of the job's results and its task rows as they are."""
     start = _epoch(job.created_at) or 0.0
-    marks = _thin(marks, lambda mark: mark[1], LATENCY_POINTS)
-    created = _created(session, [m[0] for m in marks] + ([last_id] if last_id else []))
+    marks = _thin(fold.marks, lambda mark: mark[1], LATENCY_POINTS)
+    last_id = fold.last_id
+    created = _created(session, fold, [m[0] for m in marks] + ([last_id] if last_id else []))
     if job.status in FINAL:
         elapsed = max(created.get(last_id, start) - start, 0.0) if last_id else 0.0
     else:
         elapsed = max((now if now is not None else time.time()) - start, 0.0)
+    states = fold.tasks
     defaults = [s.default_cost * s.weight for s in states.values() if s.default_cost]
     default_total = sum(defaults) if states and len(defaults) == len(states) else None
     errors: Counter[int] = Counter()
     for state in states.values():
         errors.update(state.errors)
-    items = [_item(s, total, job.n_trial) for s in states.values()]
+    total = fold.total
+    items = [_item(t, states[t.id], workload_flops(t.template, t.args), total, job.n_trial)
+             for t in rows]
     items.sort(key=lambda t: (t.share is None, -(t.share or 0.0), t.id))
     return ModelView(
         job_id=job.id, model=job.model, target=job.target, status=JobStatus(job.status),
-        elapsed_s=elapsed, trials_done=count, tasks_measured=measured,
+        elapsed_s=elapsed, trials_done=fold.count, tasks_measured=fold.measured,
         latency_s=total, default_latency_s=default_total,
         speedup=default_total / total if default_total and total else None,
         error_counts={str(e): n for e, n in sorted(errors.items())},
