@@ -262,6 +262,11 @@ def test_task_trials_in_order_and_incrementally(seeded: Seeded) -> None:
     assert len({json.dumps(p["record"], sort_keys=True) for p in items}) == len(items)
     newer = seeded.api.ok("GET", path, params={"after": seeded.trial_ids[2]})["items"]
     assert newer == items[3:]
+    # without records (the dashboard's chart): the same points, no record key
+    bare = seeded.api.ok("GET", path, params={"records": "false"})["items"]
+    assert bare == [{k: v for k, v in p.items() if k != "record"} for p in items]
+    bare = seeded.api.ok("GET", path, params={"records": "false", "after": seeded.trial_ids[2]})
+    assert bare["items"] == [{k: v for k, v in p.items() if k != "record"} for p in items[3:]]
     assert seeded.api.ok("GET", path, params={"after": seeded.trial_ids[-1]})["items"] == []
     assert seeded.api.ok("GET", path, params={"limit": 2})["items"] == items[:2]
     # a trial of no task, or not measured yet: 422 naming `after`
@@ -392,7 +397,8 @@ JS_FRAGMENTS = [
     'class: "best"', 'class: "cancel"', "/cancel`", 'method: "POST"', 'class: "job-link"',
     "#/jobs/${job.id}", 'class: "curve"', '"data-task-id"', '"data-points"',
     'svg("path", { class: "best"', 'svg("circle", { class: "trial"', 'class: "trial failed"',
-    '"data-error-no"', "?after=", '"data-worker-id"', 'toggle("alive"', 'class: "target"',
+    '"data-error-no"', "trials?records=false", "&after=", '"data-worker-id"',
+    'toggle("alive"', 'class: "target"',
     'class: "device"', 'class: "heartbeat"', 'class: "rate"', 'class: "errors"',
     'class: "record"', 'class: "workload"', 'class: "template"', 'class: "gflops"',
     'class: "knobs"', "/api/v1/logs/", "createObjectURL", 'dataset.loaded = "1"',

@@ -728,6 +728,14 @@ def test_tuner_dashboard_over_what_tuner_tune_wrote(browser: Any, tmp_path: Path
             latency = page.locator('svg.latency[data-axis="trials"]')
             expect(latency).to_have_attribute("data-points", re.compile(r"[1-9]\d*"))
             expect(page.locator(".latency-now")).to_have_text(re.compile(r"\d"))
+            # a point's tooltip is made once the pointer rests on it (the job has ended:
+            # nothing redraws the charts under the pointer)
+            for dot, tip in ((latency.locator("circle.estimate-point").last,
+                              r" after \d+ trials, "),
+                             (page.locator("svg.curve circle").last, r"^trial \d+[: ]")):
+                expect(dot.locator("title")).to_have_count(0)
+                dot.hover()
+                expect(dot.locator("title")).to_have_text(re.compile(tip))
         finally:
             context.close()
     finally:

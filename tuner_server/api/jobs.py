@@ -55,26 +55,30 @@ def get_job(job_id: PathId, request: Request,
 
 
 @router.get("/{job_id}/model", response_model=ModelView)
-def get_model_view(job_id: PathId, session: Session = Depends(get_session),
+def get_model_view(job_id: PathId, request: Request, session: Session = Depends(get_session),
                    _caller: Caller = Depends(require("client"))) -> ModelView:
     """The job as a model's tuning: per task its layers, default and best cost, failures
     and share of the model's estimated latency (largest first), and that estimate as
-    the results arrived."""
-    view = model_view(session, job_id)
+    the results arrived. Each job's figures are kept between calls (per process): a
+    call reads only the results stored since the last."""
+    view = model_view(session, job_id, views=request.app.state.model_views)
     if view is None:
         raise HTTPException(404, f"job {job_id} not found")
     return view
 
 
-@router.get("/{job_id}/tasks/{task_id}/trials", response_model=TrialPage)
+# ``exclude_unset``: a trial's ``record`` is in the JSON only where it was asked for.
+@router.get("/{job_id}/tasks/{task_id}/trials", response_model=TrialPage,
+            response_model_exclude_unset=True)
 def task_trials(job_id: PathId, task_id: PathId,
                 after: int | None = Query(None, ge=1, le=MAX_ID,
                                           description="only trials stored after this one"),
                 limit: int = Query(svc.MAX_TRIAL_PAGE, ge=1, le=svc.MAX_TRIAL_PAGE),
+                records: bool = Query(True, description="each trial's stored AutoTVM line"),
                 session: Session = Depends(get_session),
                 _caller: Caller = Depends(require("client"))) -> TrialPage:
     try:
-        page = svc.task_trials(session, job_id, task_id, after, limit)
+        page = svc.task_trials(session, job_id, task_id, after, limit, with_records=records)
     except svc.JobError as err:
         raise HTTPException(422, str(err)) from None
     if page is None:

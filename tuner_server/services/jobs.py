@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, null, select, update
 from sqlalchemy.orm import Session
 
 from compiler.templates import get_template
@@ -284,19 +284,22 @@ def list_jobs(session: Session, limit: int = 100, offset: int = 0, *,
 
 
 def task_trials(session: Session, job_id: int, task_id: int, after: int | None = None,
-                limit: int = MAX_TRIAL_PAGE) -> TrialPage | None:
+                limit: int = MAX_TRIAL_PAGE, with_records: bool = True) -> TrialPage | None:
     """A task's measured search trials in the order their results were stored, numbered
     from 1 (a verification's measurements are records, not trials of the search);
     ``after`` (a trial id of this task) returns only those stored after it, numbered on,
     so a tuning curve is extended without fetching it again. None: no such task in job.
+    Without ``with_records`` a point's ``record`` stays unset (a chart needs none of the
+    lines, which are most of the page's bytes and time).
 
     Reads the task's trials through ``ix_trials_task_id`` and their records through the
     unique ``trial_id`` index: cost grows with the task, not with the records table."""
     task = session.get(TaskRow, task_id)
     if task is None or task.job_id != job_id:
         return None
+    line_column = RecordRow.line if with_records else null()
     measured = (select(RecordRow.id, TrialRow.id, RecordRow.error_no, RecordRow.mean_cost,
-                       RecordRow.line)
+                       line_column)
                 .join(TrialRow, TrialRow.id == RecordRow.trial_id)
                 .where(TrialRow.task_id == task_id, TrialRow.verify_round == 0))
     start = 0
@@ -314,9 +317,11 @@ def task_trials(session: Session, job_id: int, task_id: int, after: int | None =
     for number, (_rid, trial_id, error_no, cost, line) in enumerate(
             session.execute(measured.order_by(RecordRow.id).limit(limit)), start=start + 1):
         ok = error_no == 0 and cost is not None and 0 < cost < FAILED_COST
-        items.append(TrialPoint(trial=number, id=trial_id, error_no=error_no,
-                                cost=cost if ok else None,
-                                gflops=flops / cost / 1e9 if ok and flops else None,
-                                record=line if isinstance(line, dict) else None))
+        point = TrialPoint(trial=number, id=trial_id, error_no=error_no,
+                           cost=cost if ok else None,
+                           gflops=flops / cost / 1e9 if ok and flops else None)
+        if with_records:
+            point.record = line if isinstance(line, dict) else None
+        items.append(point)
     return TrialPage(task_id=task.id, status=TaskStatus(task.status), trials_done=task.trials_done,
                      items=items)
