@@ -275,7 +275,7 @@ class TrialPoint(BaseModel):
     cost: float | None = Field(description="mean seconds; null when the trial failed")
     record: dict[str, Any] | None = Field(
         None, description="the trial's stored AutoTVM line (as GET /records returns it); "
-        "null while the trial has no record")
+        "null while the trial has no record; absent when asked with `records=false`")
 
 
 class TrialPage(BaseModel):
