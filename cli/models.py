@@ -125,11 +125,13 @@ def _prepare(model: Path, target: str, device: str | None, print_ir: bool,
 
 def _build(model: Path, target: str, records: str | None, token: str | None,
            database_url: str | None, device: str | None, print_ir: bool = False,
-           quantize: bool = False, qconfig: list[str] | None = None) -> Module:
+           quantize: bool = False, qconfig: list[str] | None = None,
+           graph_tune: bool = False) -> Module:
     optimized, dev = _prepare(model, target, device, print_ir, quantize, qconfig)
     source = records_source(records, token, database_url)
     try:
-        module = api.build(optimized, records=source, device=dev, optimized=True)
+        module = api.build(optimized, records=source, device=dev, optimized=True,
+                           graph_tune=graph_tune)
     except RecordsError as err:
         fail(str(err), code=1)
     except (BuildError, DeviceRuntimeError, IRError) as err:
@@ -216,6 +218,9 @@ def compile_model(
     auto_place: bool = AUTO_PLACE,
     quantize: bool = QUANTIZE,
     qconfig: list[str] | None = QCONFIG,
+    graph_tune: bool = typer.Option(
+        False, "--graph-tune", help="choose CPU convs' records by dynamic programming over "
+        "the graph, counting measured layout read costs (cached per device)"),
 ) -> None:
     """Build a model with the best known config of every task and print the report."""
     if place or auto_place:
@@ -234,7 +239,12 @@ def compile_model(
                                 f"{len(hetero.copies)} device_copy"))
         return
     module = _build(model, target, records, token, database_url, device, print_ir, quantize,
-                    qconfig)
+                    qconfig, graph_tune)
+    if module.layout_tuning is not None:
+        t = module.layout_tuning
+        typer.echo(f"graph tuning: {t.changed} of {t.layers} layers changed, predicted "
+                   f"{t.tuned_total * 1e3:.2f} ms against {t.greedy_total * 1e3:.2f} ms "
+                   f"({t.measured} read costs measured)")
     if benchmark:
         if not module.program.steps:
             fail(f"{model}: nothing to time (the model runs no kernel)", code=1)

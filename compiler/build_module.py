@@ -23,6 +23,7 @@ from compiler.ir import CONST, INPUT, Graph, Node, TensorType
 from compiler.ir.ops import ALIAS_OPS, node_epilogue
 from compiler.kernels import BLOCKED_KERNELS
 from compiler.kernels import lower as lower_plain
+from compiler.layout_tune import DEFAULT_TOP_K, Tuned, data_block, default_cache, tune_layouts
 from compiler.passes import optimize
 from compiler.records import (
     DEFAULT,
@@ -61,6 +62,7 @@ class Module:
     executor: GraphExecutor
     device: Device
     owns_device: bool = False  # opened by the build for this module: close() releases it
+    layout_tuning: Tuned | None = None  # what build(graph_tune=True) chose and predicted
 
     def close(self) -> None:
         """Release the device if the build opened it (one passed in stays open)."""
@@ -105,7 +107,8 @@ def load_graph(model: Model) -> Graph:
 def build(model: Model, target: str | Target | None = None,
           records: RecordSource | None = None, device: Device | None = None,
           optimized: bool = False, blocked_layout: bool = True,
-          slice_concat: bool = True) -> Module:
+          slice_concat: bool = True, graph_tune: bool = False,
+          graph_tune_top_k: int = DEFAULT_TOP_K) -> Module:
     """Compile ``model`` for the local device matching ``target`` (or ``device``).
 
     ``records`` supplies tuned configs; without it every task runs its template's default.
@@ -114,6 +117,10 @@ def build(model: Model, target: str | Target | None = None,
     False stores every value in plain NCHW (to compare, or to read intermediates).
     ``slice_concat``: the producers of a concatenation write their slices of it in place
     (``plan_slices``); False runs a concatenate kernel for each (to compare).
+    ``graph_tune``: choose each blocked layer's record among the ``graph_tune_top_k``
+    cheapest layouts of this device's records by dynamic programming over the whole
+    graph, counting the measured cost of reading a producer's block
+    (``compiler.layout_tune``), instead of each layer's fastest record alone.
     """
     owns_device = device is None
     if device is None:
@@ -122,10 +129,20 @@ def build(model: Model, target: str | Target | None = None,
     if not optimized:
         graph = optimize(graph)
     plan, tasks, choices = select_layers(graph, device.target, records, device.limits)
+    tuned = None
+    if graph_tune and blocked_layout:
+        tuned = tune_layouts(graph, plan, plan_layouts(graph, plan), records, device,
+                             graph_tune_top_k, default_cache(), _residual_index)
+        log.info("graph tuning: %d layers changed, predicted %.3f ms against %.3f ms "
+                 "(%d read costs measured)", tuned.changed, tuned.tuned_total * 1e3,
+                 tuned.greedy_total * 1e3, tuned.measured)
+        if tuned.changed:
+            plan = tuned.plan
+            tasks, choices = _tasks_of(graph, plan)
     program = lower(graph, plan, device.dialect, blocked_layout=blocked_layout,
                     view_align=device.view_align if slice_concat else 0)
     module = Module(graph, tasks, choices, program, GraphExecutor(program, device), device,
-                    owns_device)
+                    owns_device, tuned)
     served = Counter(c.source for c in choices)
     if served[DEFAULT] or served[OTHER_DEVICE]:
         # TVM said "Cannot find config for target=..." once per task; say it once, and
@@ -166,6 +183,19 @@ def select_layers(graph: Graph, target: Target, records: RecordSource | None,
     return plan, chosen, [by_key[t.workload.key] for t in chosen]
 
 
+def _tasks_of(graph: Graph, plan: Mapping[Node, Choice]) -> tuple[list[Task], list[Choice]]:
+    """The tasks and choices of a plan in first-use order, one per (workload, config):
+    after graph tuning, layers of one workload may run different configs."""
+    tasks: dict[tuple[str, int], tuple[Task, Choice]] = {}
+    for node in graph.nodes:
+        if node in plan:
+            choice = plan[node]
+            key = (choice.workload.key, choice.config.index)
+            task, _ = tasks.setdefault(key, (Task(choice.workload), choice))
+            task.layers.append(node.name or node.op)
+    return [t for t, _ in tasks.values()], [c for _, c in tasks.values()]
+
+
 def _residual_index(node: Node) -> int | None:
     """Position of a fused conv's residual among its inputs (the last one), if any."""
     return len(node.inputs) - 1 if "add" in tuple(node.attr("epilogue", ())) else None
@@ -183,7 +213,7 @@ def plan_layouts(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, int]:
     all: the producer itself writes what its readers take, and each blocked layer reads
     its data and residual in whatever block their producers wrote. A plain op with a
     blocked kernel (``BLOCKED_KERNELS``: an element-wise chain) read only by such layers
-    likewise writes the block its first reader takes its data in (``_data_block``)."""
+    likewise writes the block its first reader takes its data in (``data_block``)."""
     users = graph.users()
     blocked: dict[Node, int] = {}  # layers that can read and write blocked values
     for node, choice in plan.items():
@@ -207,21 +237,10 @@ def plan_layouts(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, int]:
         if id(node) not in live or node.op not in BLOCKED_KERNELS or not readers \
                 or not all(takes_blocked(u, node) for u in readers):
             continue
-        block = _data_block(plan[readers[0]], node.ty.shape[1])
+        block = data_block(plan[readers[0]], node.ty.shape[1])
         if BLOCKED_KERNELS[node.op][0](node, block):
             layouts[node] = block
     return layouts
-
-
-def _data_block(choice: Choice, channels: int) -> int:
-    """The channel block a blocked layer reads its data in fastest: its config's ic_bn
-    (AutoTVM's ``tile_ic`` split, inner factor), else the widest of 16, 8, 4, 2 that
-    divides ``channels``."""
-    values = get_template(choice.workload.template).decode(choice.workload, choice.config)
-    tile = values.get("tile_ic")
-    if isinstance(tile, (tuple, list)) and tile:
-        return int(tile[-1])
-    return next((b for b in (16, 8, 4, 2) if channels % b == 0), 0)
 
 
 def _slice_starts(node: Node) -> list[int]:

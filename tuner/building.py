@@ -92,11 +92,14 @@ def extract_tasks(model: Model, target: str | Target, quantize: bool = False,
 def build(model: Model, target: str | Target | None = None,
           records: RecordSource | None = None, device: Device | str | None = None,
           quantize: bool = False, qconfig: Sequence[str] = (),
-          optimized: bool = False) -> Module:
+          optimized: bool = False, graph_tune: bool = False) -> Module:
     """Build ``model`` for the local device matching ``target`` (or ``device``, e.g.
     ``opencl:0``) with the best config of every task from ``records`` (default: the
     enclosing ``apply_history_best``; without one, every template's default).
-    ``optimized``: ``model`` is a graph :func:`load` already returned. A device this
+    ``optimized``: ``model`` is a graph :func:`load` already returned. ``graph_tune``:
+    choose each CPU conv's record by dynamic programming over the whole graph, counting
+    the measured cost of reading a neighbour's channel block (``compiler.layout_tune``;
+    measures those read costs once per device, cached). A device this
     opens is the module's: ``module.close()`` (or ``with``) releases it; a
     :class:`Device` passed in stays the caller's."""
     from compiler.build_module import build as compile_graph
@@ -106,10 +109,12 @@ def build(model: Model, target: str | Target | None = None,
     source = records if records is not None else current_records()
     graph = load_graph(model) if optimized else load(model, quantize, qconfig)
     if device is not None and not isinstance(device, str):
-        return compile_graph(graph, records=source, device=device, optimized=True)
+        return compile_graph(graph, records=source, device=device, optimized=True,
+                             graph_tune=graph_tune)
     opened = open_device(device, target=str(target) if target is not None else None)
     try:
-        module = compile_graph(graph, records=source, device=opened, optimized=True)
+        module = compile_graph(graph, records=source, device=opened, optimized=True,
+                               graph_tune=graph_tune)
     except BaseException:
         opened.close()
         raise
