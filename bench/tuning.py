@@ -32,8 +32,8 @@ from common import cpu_model, git_revision
 from tuning_cache import CACHE, OPTIONS, fill, load, workloads
 
 from compiler.templates import get_template
-from schemas import Config, MeasureResult, Record, Workload
-from tuner_server.search import make_tuner
+from schemas import Record, Workload
+from tuner_server.search import Measured, Visited, make_tuner
 from tuner_server.search.base import perf_of
 from tuner_server.search.cost_model import CostModel
 from tuner_server.search.transfer import GlobalModel, fit_global
@@ -79,22 +79,22 @@ def replay_ours(table: Table, tuner_name: str, seed: int, budget: int, plan_size
         kwargs["prior"] = prior
     tuner = make_tuner(tuner_name, template=template, workload=table.workload, seed=seed,
                        pool=table.indices, **kwargs)
-    visited: set[int] = set()
-    history: list[tuple[Config, MeasureResult]] = []
+    visited = Visited()
+    measured = Measured()
     out: list[float] = []
     goal = max(LEVELS) * table.best
     while len(out) < budget and (not out or max(out) < goal):
-        batch = tuner.next_batch(min(plan_size, budget - len(out)), visited, history)
-        if not batch:
+        batch = tuner.propose(min(plan_size, budget - len(out)), visited, measured)
+        if not len(batch):
             break
-        for config in batch:
-            if config.index in visited or config.index not in table.records:
-                raise AssertionError(f"{tuner_name} proposed {config.index} twice or "
-                                     "outside the table")
-            visited.add(config.index)
-            record = table.records[config.index]
-            history.append((config, record.result))
-            out.append(perf(record))
+        indices = batch.tolist()
+        if (len(set(indices)) < len(indices) or visited.contains(batch).any()
+                or any(i not in table.records for i in indices)):
+            raise AssertionError(f"{tuner_name} proposed a config twice or outside the table")
+        visited.add(batch)
+        got = [perf(table.records[i]) for i in indices]
+        measured.add(batch, got)
+        out += got
     return out
 
 

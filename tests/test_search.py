@@ -12,7 +12,8 @@ import pytest
 
 from compiler.templates import get_template
 from schemas import Config, DeviceLimits, MeasureErrorNo, MeasureResult, Workload
-from tuner_server.search import DEFAULT_TUNER, TUNERS, make_tuner
+from tuner_server.search import DEFAULT_TUNER, TUNERS, Measured, Visited, make_tuner
+from tuner_server.search.base import perf_of
 from tuner_server.search.cost_model import LABELS, MAX_GROUP, CostModel, relevance
 from tuner_server.search.lgbm import LGBMTuner, diverse_pick
 from tuner_server.search.sa import PoolWalk, SimulatedAnnealing, SpaceWalk
@@ -55,32 +56,34 @@ def result(p: float) -> MeasureResult:
 def drive(name: str, workload: Workload, trials: int, batch: int, seed: int = 0,
           limits: DeviceLimits | None = None, pool: np.ndarray | None = None,
           goal: float | None = None, **kwargs: object) -> list[Config]:
-    """Runs a tuner as the scheduler does (one tuner object per task, history fed back)
-    and checks the interface's promises on every batch."""
+    """Runs a tuner as the scheduler does (one tuner object per task, what was planned and
+    measured appended to) and checks the interface's promises on every batch."""
     template = get_template(workload.template)
+    space = template.space(workload)
     perf = synthetic(workload)
-    visited: set[int] = set()
-    history: list[tuple[Config, MeasureResult]] = []
+    visited = Visited()
+    measured = Measured()
     proposed: list[Config] = []
     tuner = make_tuner(name, template=template, workload=workload, limits=limits, seed=seed,
                        pool=pool, **kwargs)
     while len(proposed) < trials:
-        got = tuner.next_batch(min(batch, trials - len(proposed)), visited, history)
-        if not got:
+        got = tuner.propose(min(batch, trials - len(proposed)), visited, measured)
+        if not len(got):
             break
-        assert len(got) <= batch
-        indices = [c.index for c in got]
+        assert got.dtype == np.int64 and len(got) <= batch
+        indices = got.tolist()
         assert len(set(indices)) == len(indices), f"{name} proposed a config twice in a batch"
-        assert not set(indices) & visited, f"{name} proposed a visited config again"
+        assert not visited.contains(got).any(), f"{name} proposed a visited config again"
+        configs = [space.get(i) for i in indices]
         if limits is not None:
-            assert all(not template.check_limits(workload, c, limits) for c in got), (
+            assert all(not template.check_limits(workload, c, limits) for c in configs), (
                 f"{name} proposed a config over the limits")
         if pool is not None:
             assert set(indices) <= set(pool.tolist())
-        visited |= set(indices)
-        history += [(c, result(perf(c.index))) for c in got]
-        proposed += got
-        if goal is not None and max(p for _, r in history for p in [1 / r.mean_cost]) >= goal:
+        visited.add(got)
+        measured.add(got, [perf_of(result(perf(i))) for i in indices])
+        proposed += configs
+        if goal is not None and measured.perf.max() >= goal:
             break
     return proposed
 
@@ -290,13 +293,13 @@ def test_lgbm_annealing_chains_continue_across_plans() -> None:
         return explore(score, n_best, start, exclude, rng)
 
     tuner.annealer.explore = spy  # type: ignore[method-assign]
-    visited: set[int] = set()
-    history: list[tuple[Config, MeasureResult]] = []
+    visited = Visited()
+    measured = Measured()
     ends = []
     for _ in range(3):
-        got = tuner.next_batch(16, visited, history)
-        visited |= {c.index for c in got}
-        history += [(c, result(perf(c.index))) for c in got]
+        got = tuner.propose(16, visited, measured)
+        visited.add(got)
+        measured.add(got, [perf(i) for i in got.tolist()])
         if tuner.annealer.points is not None:
             ends.append(tuner.annealer.points.copy())
     assert len(starts) == 2 and len(ends) == 2  # the first plan is random: no model yet

@@ -321,9 +321,10 @@ class Template(ABC):
         row per config, as ``ConfigSpace.columns`` gives them)."""
 
     def valid_mask(self, workload: Workload, indices: np.ndarray,
-                   limits: DeviceLimits, dialect: str | None = None) -> np.ndarray:
+                   limits: DeviceLimits | None, dialect: str | None = None) -> np.ndarray:
         """bool [n]: which configs (indices of ``space(workload)``) fit ``limits``; True
-        exactly where ``check_limits`` finds no problem. Lets a search filter in bulk."""
+        exactly where ``check_limits`` finds no problem. Lets a search filter in bulk.
+        ``None`` (no device known yet) checks the template's own rules alone."""
         op = self.parse(workload)
         indices = np.asarray(indices, dtype=np.int64)
         usage = self._usage(op, self._knobs(workload, indices))
@@ -347,13 +348,16 @@ class Template(ABC):
         return [message(0) for fits, message in self._limit_checks(usage, limits, 1, dialect)
                 if not fits[0]]
 
-    def _limit_checks(self, usage: Usage, limits: DeviceLimits, n: int,
+    def _limit_checks(self, usage: Usage, limits: DeviceLimits | None, n: int,
                       dialect: str | None = None
                       ) -> list[tuple[np.ndarray, Callable[[int], str]]]:
         """Every comparison of ``n`` configs' usage against the limits, written once for
-        all templates: (fits, bool [n]; the message for row i), template rules first."""
+        all templates: (fits, bool [n]; the message for row i), template rules first
+        (alone when ``limits`` is None)."""
         checks: list[tuple[np.ndarray, Callable[[int], str]]] = [
             (np.broadcast_to(rule.ok, (n,)), rule.message_at) for rule in usage.rules]
+        if limits is None:
+            return checks
 
         def over(value: np.ndarray | None, cap: int,
                  text: Callable[[int], str]) -> None:

@@ -182,6 +182,17 @@ def _value_table(knob: Knob) -> np.ndarray:
     return table
 
 
+def _json_table(knob: Knob) -> list[Any]:
+    """The knob's values as a config's JSON writes them (``encode``, tuples as lists),
+    by position; cached on the knob like ``_value_table``."""
+    table = knob.__dict__.get("_json")
+    if table is None:
+        table = [list(v) if isinstance(v, tuple) else v
+                 for v in (knob.encode(value) for value in knob.values)]
+        object.__setattr__(knob, "_json", table)
+    return table
+
+
 class ConfigSpace:
     """The product of a template's knobs for one workload."""
 
@@ -243,6 +254,20 @@ class ConfigSpace:
 
     def get(self, index: int) -> Config:
         return self.to_config(self.values_at(index))
+
+    def configs_json(self, indices: np.ndarray | Sequence[int]) -> list[dict[str, Any]]:
+        """``get(i).to_json()`` for each of ``indices``, built from per-knob tables of
+        encoded values without a pydantic object per config: what a plan of thousands
+        of trials stores (the scheduler's bulk insert). Rows share the knobs' value
+        lists: read them, do not change them."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
+            raise ConfigError(f"indices outside the space of {len(self)} configs")
+        pos = self.positions(indices).tolist()
+        tables = [(k.name, k.kind, _json_table(k)) for k in self.knobs]
+        return [{"index": index, "code_hash": None,
+                 "entity": [[name, kind, table[p]] for (name, kind, table), p in zip(tables, row)]}
+                for index, row in zip(indices.tolist(), pos)]
 
     def to_config(self, values: dict[str, Any]) -> Config:
         entity = [

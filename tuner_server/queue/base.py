@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Protocol
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -28,6 +30,17 @@ def queue_name(job_target: Target) -> str:
     return f"{job_target.kind} -model={model}" if model else job_target.kind
 
 
+class QueuedTrial(Protocol):
+    """What a queue reads of a trial it is told of: a trials row, or the scheduler's
+    lighter note of one it planned (``scheduler.Planned``)."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def queue(self) -> str: ...
+
+
 class QueueUnavailable(RuntimeError):
     """The queue's backend does not answer (Redis down): a 503, not a 500."""
 
@@ -42,7 +55,7 @@ class DispatchQueue(ABC):
     def __init__(self, check_every_s: float, broker: Broker | None = None) -> None:
         self.hub = LeaseHub(check_every_s, broker)
 
-    def _arrived(self, trials: list[TrialRow]) -> None:
+    def _arrived(self, trials: Sequence[QueuedTrial]) -> None:
         """Wake this process's waiters for trials now queued (after the commit)."""
         if trials:
             self.hub.wake(counts_of(t.queue for t in trials))
@@ -55,7 +68,7 @@ class DispatchQueue(ABC):
     # ``resync`` repairs whatever they missed.
 
     @abstractmethod
-    def pushed(self, trials: list[TrialRow]) -> None:
+    def pushed(self, trials: Sequence[QueuedTrial]) -> None:
         """Trials were committed as queued (called after the commit)."""
 
     @abstractmethod

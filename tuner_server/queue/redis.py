@@ -19,6 +19,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -28,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from schemas.api import TrialStatus
 from tuner_server.db.models import TrialRow
-from tuner_server.queue.base import DispatchQueue, QueueUnavailable, take_many
+from tuner_server.queue.base import DispatchQueue, QueuedTrial, QueueUnavailable, take_many
 from tuner_server.queue.notify import Counts, Subscription, counts_of
 
 log = logging.getLogger("tuner.queue")
@@ -160,7 +161,7 @@ class RedisQueue(DispatchQueue):
         self._redis.hset(self._entries, mapping={
             str(trial_id): f"{stream} {entry}" for (trial_id, stream), entry in zip(streams, ids)})
 
-    def pushed(self, trials: list[TrialRow]) -> None:
+    def pushed(self, trials: Sequence[QueuedTrial]) -> None:
         if trials:
             try:
                 self._add([(t.id, t.queue) for t in trials])

@@ -4,12 +4,14 @@ processes learn of new trials from one shared check per process (``notify``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from schemas.api import TrialStatus
 from tuner_server.db.models import TrialRow
-from tuner_server.queue.base import DispatchQueue, take_many
+from tuner_server.queue.base import DispatchQueue, QueuedTrial, take_many
 
 
 # Another server process's pushes reach this one's waiting leases through the shared
@@ -21,7 +23,7 @@ class SqlQueue(DispatchQueue):
     def __init__(self, check_every_s: float = CHECK_EVERY_S) -> None:
         super().__init__(check_every_s)
 
-    def pushed(self, trials: list[TrialRow]) -> None:
+    def pushed(self, trials: Sequence[QueuedTrial]) -> None:
         self._arrived(trials)  # queued rows are the queue: only the waiters to wake
 
     def lease(self, session: Session, worker_id: int, queues: list[str], limit: int,

@@ -1,10 +1,11 @@
-"""Search: tuners propose configs from a template's space. They know configs and
-measure results, never HTTP or SQL; the scheduler feeds them and stores what they say."""
+"""Search: tuners propose configs (arrays of their indices) from a template's space.
+They know configs and measure results, never HTTP or SQL; the scheduler feeds them and
+stores what they say."""
 
 from __future__ import annotations
 
 from schemas.api import DEFAULT_TUNER
-from tuner_server.search.base import Tuner
+from tuner_server.search.base import Measured, Tuner, Visited
 from tuner_server.search.ga import GATuner
 from tuner_server.search.grid import GridTuner
 from tuner_server.search.lgbm import LGBMTuner
@@ -22,4 +23,4 @@ def make_tuner(name: str, **kwargs: object) -> Tuner:
     return cls(**kwargs)  # type: ignore[arg-type]
 
 
-__all__ = ["DEFAULT_TUNER", "TUNERS", "Tuner", "make_tuner"]
+__all__ = ["DEFAULT_TUNER", "TUNERS", "Measured", "Tuner", "Visited", "make_tuner"]

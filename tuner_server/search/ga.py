@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from compiler.templates import Template
-from schemas import Config, DeviceLimits, Workload
-from tuner_server.search.base import History, Tuner, throughput
+from schemas import DeviceLimits, Workload
+from tuner_server.search.base import Measured, Tuner, Visited
 
 
 class GATuner(Tuner):
@@ -24,19 +24,17 @@ class GATuner(Tuner):
         super().__init__(template, workload, limits, seed, pool)
         self.pop_size, self.mutation = pop_size, mutation
 
-    def next_batch(self, n: int, visited: set[int], history: History = ()) -> list[Config]:
+    def propose(self, n: int, visited: Visited, measured: Measured) -> np.ndarray:
         rng = self.rng(visited)
-        indices, perf = throughput(history)
-        alive = perf > 0
-        if alive.sum() < min(self.pop_size, 8):
-            return self.configs(self.random_indices(n, visited, rng))
-        order = np.argsort(-perf[alive])[: self.pop_size]
-        parents = self.space.positions(indices[alive][order])
-        weights = perf[alive][order]
-        weights = weights / weights.sum()
+        perf = measured.perf
+        if n <= 0 or int((perf > 0).sum()) < min(self.pop_size, 8):
+            return self.random_indices(n, visited, rng)
+        top = measured.best(self.pop_size)
+        top = top[perf[top] > 0]
+        parents = self.space.positions(measured.indices[top])
+        weights = perf[top] / perf[top].sum()
         radices = self.space.radices
-        chosen: list[int] = []
-        taken = set(visited)
+        chosen = np.empty(0, dtype=np.int64)
         for _ in range(50):  # generations of candidates until the batch is full
             m = 4 * n
             a = parents[rng.choice(len(parents), size=m, p=weights)]
@@ -45,13 +43,13 @@ class GATuner(Tuner):
             mutate = rng.random(child.shape) < self.mutation
             child = np.where(mutate, rng.integers(0, radices, size=child.shape), child)
             kids = self.space.indices(child)
+            # first appearances, in order of birth
+            kids = kids[np.sort(np.unique(kids, return_index=True)[1])]
+            kids = kids[~visited.contains(kids) & ~np.isin(kids, chosen)]
             kids = kids[self.valid(kids)]
-            for index in kids.tolist():
-                if index not in taken:
-                    taken.add(index)
-                    chosen.append(index)
-                    if len(chosen) == n:
-                        return self.configs(chosen)
+            chosen = np.concatenate([chosen, kids[: n - len(chosen)]])
+            if len(chosen) == n:
+                return chosen
         # a converged population: fill with random configs
-        extra = self.random_indices(n - len(chosen), visited, rng, exclude=set(chosen))
-        return self.configs(chosen + extra.tolist())
+        extra = self.random_indices(n - len(chosen), visited, rng, exclude=chosen)
+        return np.concatenate([chosen, extra])

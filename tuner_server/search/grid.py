@@ -1,28 +1,53 @@
 """Grid search: the space in index order (AutoTVM's GridSearchTuner), skipping what was
-visited or does not fit. Only useful on small spaces, and as a baseline."""
+visited or does not fit. Only useful on small spaces, and as a baseline.
+
+A cursor marks where the last plan stopped: everything before it was proposed, visited or
+invalid, and stays so, so each plan scans only on from there. It lives with the tuner
+object and is derived again after a restart: the first plan scans from index 0 past what
+the database says was visited, once."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from schemas import Config
-from tuner_server.search.base import History, Tuner
+from compiler.templates import Template
+from schemas import DeviceLimits, Workload
+from tuner_server.search.base import Measured, Tuner, Visited
 
-_CHUNK = 65_536
+# The first block a plan scans is a few times the plan; blocks double from there.
+_MIN_BLOCK = 256
+_MAX_BLOCK = 65_536
 
 
 class GridTuner(Tuner):
     name = "grid"
 
-    def next_batch(self, n: int, visited: set[int], history: History = ()) -> list[Config]:
-        listed = self.candidates(visited)
-        if listed is not None:
-            return self.configs(np.sort(listed)[:n])
-        out: list[int] = []
-        start = 0
-        while len(out) < n and start < len(self.space):
-            chunk = np.arange(start, min(start + _CHUNK, len(self.space)), dtype=np.int64)
-            chunk = chunk[self.valid(chunk) & self.unvisited(chunk, visited)]
-            out += chunk[: n - len(out)].tolist()
-            start += _CHUNK
-        return self.configs(out)
+    def __init__(self, template: Template, workload: Workload,
+                 limits: DeviceLimits | None = None, seed: int = 0,
+                 pool: Sequence[int] | np.ndarray | None = None) -> None:
+        super().__init__(template, workload, limits, seed, pool)
+        # a position in the listed configs (pool or small space), else an index
+        self.cursor = 0
+
+    def propose(self, n: int, visited: Visited, measured: Measured) -> np.ndarray:
+        listed = self.listed()
+        end = len(self.space) if listed is None else len(listed)
+        out: list[np.ndarray] = []
+        count = 0
+        block = max(4 * n, _MIN_BLOCK)
+        while count < n and self.cursor < end:
+            stop = min(self.cursor + block, end)
+            span = np.arange(self.cursor, stop, dtype=np.int64)
+            if listed is None:
+                keep = span[self.valid(span) & ~visited.contains(span)]
+            else:
+                keep = span[~visited.contains(listed[span])]
+            take = keep[: n - count]
+            out.append(take if listed is None else listed[take])
+            count += len(take)
+            # past the last one taken when the plan is full, else past the block
+            self.cursor = int(take[-1]) + 1 if count >= n else stop
+            block = min(2 * block, _MAX_BLOCK)
+        return np.concatenate(out) if out else np.empty(0, dtype=np.int64)

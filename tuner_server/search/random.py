@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from schemas import Config
-from tuner_server.search.base import History, Tuner
+import numpy as np
+
+from tuner_server.search.base import Measured, Tuner, Visited
 
 
 class RandomTuner(Tuner):
     name = "random"
 
-    def next_batch(self, n: int, visited: set[int], history: History = ()) -> list[Config]:
-        return self.configs(self.random_indices(n, visited, self.rng(visited)))
+    def propose(self, n: int, visited: Visited, measured: Measured) -> np.ndarray:
+        return self.random_indices(n, visited, self.rng(visited))

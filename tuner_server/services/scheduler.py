@@ -1,7 +1,10 @@
 """The scheduler: keep a plan of trials queued for every running task, finish tasks at
-their budget or on early stopping, and return expired leases. All of its state is in
-the database, so a restarted server resumes every job where it was. No one row stops a
-pass: a job or task that cannot be planned is failed with its reason, the others go on."""
+their budget or on early stopping, and return expired leases. The truth is in the
+database, so a restarted server resumes every job where it was; what the scheduler keeps
+between passes (tuners, each task's planned and measured configs) only spares it reading
+a task whole every pass, and is read again from the database whenever it may be stale.
+No one row stops a pass: a job or task that cannot be planned is failed with its reason,
+the others go on."""
 
 from __future__ import annotations
 
@@ -10,24 +13,26 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
+import numpy as np
 from pydantic import ValidationError
-from sqlalchemy import Text, cast, func, select, text, update
+from sqlalchemy import Text, cast, event, func, insert, select, text, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
 from compiler.templates import get_template
-from schemas import Config, DeviceLimits, MeasureResult, Record, Target, Workload
+from schemas import DeviceLimits, Record, Target, Workload
 from schemas.api import ACTIVE, FINAL, JobStatus, TaskStatus, TrialStatus
 from schemas.text import first_problem
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
-from tuner_server.queue.base import DispatchQueue, queue_matches, queue_name
+from tuner_server.queue.base import DispatchQueue, QueuedTrial, queue_matches, queue_name
 from tuner_server.search import TUNERS, Tuner, make_tuner
-from tuner_server.search.base import perf_of
+from tuner_server.search.base import Measured, Visited, perf_of, perf_of_columns
 from tuner_server.search.transfer import Example, GlobalModels
 from tuner_server.services import dispatch
 from tuner_server.services.jobs import all_failed, error_counts, withdraw_queued
@@ -44,6 +49,9 @@ WARN_EVERY_S = 60.0
 # Rounds of a task's verification: each of its configs is measured once a round, so a
 # config's verified cost is the median of this many measurements.
 VERIFY_ROUNDS = 3
+# Trial ids in one ``IN (...)`` when a task's pending trials are looked up.
+ID_CHUNK = 5000
+OUTSTANDING = (TrialStatus.QUEUED, TrialStatus.LEASED)
 
 
 @dataclass
@@ -52,6 +60,25 @@ class PassStats:
     requeued: int = 0
     given_up: int = 0
     resynced: int = 0  # trials the queue's resync queued again
+    # rows of trials (and their records) read to bring tasks' search state up to date:
+    # what a pass reads grows with the plan, not with a task's age (tests assert it)
+    search_rows: int = 0
+    tasks_read: int = 0  # tasks whose search state was read whole from the database
+
+
+@dataclass
+class TaskSearch:
+    """One task's search as the scheduler keeps it between passes, so that a pass reads
+    only what changed: every config index planned, the search trials planned and not
+    yet recorded (ids), and, for a tuner that learns, the throughput of each recorded
+    one. ``planned`` is the task's ``trials_planned`` this accounts for: any other count
+    in the row means someone else planned (another server process) and the task is read
+    again whole."""
+
+    planned: int
+    visited: Visited
+    measured: Measured | None  # None: the task's tuner reads no history
+    pending: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -66,6 +93,12 @@ class SearchState:
     sessions: sessionmaker[Session] | None = None
     tuners: OrderedDict[tuple[int, str], Tuner] = field(default_factory=OrderedDict)
     max_tuners: int = 256
+    tasks: OrderedDict[int, TaskSearch] = field(default_factory=OrderedDict)
+    # tasks whose state the current (or an earlier) pass changed and whose transaction
+    # is not known to have committed: dropped at the next pass unless it did
+    unconfirmed: set[int] = field(default_factory=set)
+    rows_read: int = 0  # PassStats.search_rows, summed over passes
+    tasks_read: int = 0
     warned: dict[str, float] = field(default_factory=dict)  # key -> when last logged
 
     def warn(self, key: str, msg: str, *args: object, exc_info: bool = False) -> None:
@@ -80,9 +113,45 @@ class SearchState:
         log.warning(msg, *args, exc_info=exc_info)
 
     def forget(self, task_id: int) -> None:
-        """Drop a failed task's tuners: a failure may have left them half-updated."""
+        """Drop a task's tuners and search state: it ended, or a failure may have left
+        them half-updated."""
         for key in [k for k in self.tuners if k[0] == task_id]:
             del self.tuners[key]
+        self.tasks.pop(task_id, None)
+
+    def begin(self, session: Session) -> None:
+        """A pass begins in ``session``'s transaction. Task states changed by a pass
+        whose transaction did not commit (rolled back, failed) may hold trials the
+        database does not: they are dropped, to be read again. This pass's changes are
+        confirmed when its transaction commits."""
+        for task_id in self.unconfirmed:
+            self.tasks.pop(task_id, None)
+        touched: set[int] = set()
+        self.unconfirmed = touched
+
+        def committed(session: Session) -> None:
+            if not session.in_nested_transaction():  # a SAVEPOINT's release is no commit
+                touched.clear()
+        event.listen(session, "after_commit", committed)
+
+    def task(self, session: Session, task: TaskRow, history: bool) -> TaskSearch:
+        """The task's search state, brought up to date: read whole when this process
+        has none or it accounts for another count of planned trials than the row's;
+        else only the pending trials that ended since are read."""
+        self.unconfirmed.add(task.id)
+        search = self.tasks.get(task.id)
+        if (search is None or search.planned != task.trials_planned
+                or (history and search.measured is None)):
+            search, rows = _read_task(session, task, history)
+            self.tasks[task.id] = search
+            self.tasks_read += 1
+        else:
+            rows = _read_pending(session, search) if history else 0
+        self.rows_read += rows
+        self.tasks.move_to_end(task.id)
+        while len(self.tasks) > self.max_tuners:
+            self.tasks.popitem(last=False)
+        return search
 
     def tuner(self, job: JobRow, task: TaskRow, limits: DeviceLimits | None,
               session: Session) -> Tuner:
@@ -142,11 +211,52 @@ def _examples_apart(sessions: sessionmaker[Session], template: str,
         return list(_examples(session, template, kind))
 
 
-def _history(session: Session, task_id: int) -> list[tuple[Config, MeasureResult]]:
+def _read_task(session: Session, task: TaskRow, history: bool) -> tuple[TaskSearch, int]:
+    """A task's search state from the database, in one statement (one snapshot: a trial
+    recorded meanwhile is either pending or measured, never neither); and the rows read."""
+    if not history:
+        indices = np.array(session.scalars(select(TrialRow.config_index)
+                                           .where(TrialRow.task_id == task.id)).all(),
+                           dtype=np.int64)
+        return TaskSearch(task.trials_planned, Visited(indices), None), len(indices)
     rows = session.execute(
-        select(TrialRow.config, RecordRow.line).join(RecordRow, RecordRow.trial_id == TrialRow.id)
-        .where(TrialRow.task_id == task_id).order_by(RecordRow.id)).all()
-    return [(Config.model_validate(c), Record.from_json(line).result) for c, line in rows]
+        select(TrialRow.id, TrialRow.config_index, TrialRow.status, RecordRow.mean_cost,
+               RecordRow.error_no)
+        .outerjoin(RecordRow, RecordRow.trial_id == TrialRow.id)
+        .where(TrialRow.task_id == task.id, TrialRow.verify_round == 0)
+        .order_by(TrialRow.id)).all()
+    search = TaskSearch(task.trials_planned, Visited(r[1] for r in rows), Measured(),
+                        {r[0] for r in rows if r[3] is None and r[2] in OUTSTANDING})
+    _learn(search, [r for r in rows if r[3] is not None])
+    return search, len(rows)
+
+
+def _read_pending(session: Session, search: TaskSearch) -> int:
+    """Move the task's pending trials that ended since the last pass out of pending:
+    the recorded ones into ``measured``; the rows read."""
+    ids = sorted(search.pending)
+    read = 0
+    for start in range(0, len(ids), ID_CHUNK):
+        rows = session.execute(
+            select(TrialRow.id, TrialRow.config_index, TrialRow.status, RecordRow.mean_cost,
+                   RecordRow.error_no)
+            .outerjoin(RecordRow, RecordRow.trial_id == TrialRow.id)
+            .where(TrialRow.id.in_(ids[start:start + ID_CHUNK]),
+                   TrialRow.status.not_in(OUTSTANDING))
+            .order_by(TrialRow.id)).all()
+        search.pending.difference_update(r[0] for r in rows)
+        _learn(search, [r for r in rows if r[3] is not None])
+        read += len(rows)
+    return read
+
+
+def _learn(search: TaskSearch, rows: list[Any]) -> None:
+    """Append recorded trials (id, index, status, mean_cost, error_no) to ``measured``."""
+    assert search.measured is not None
+    if rows:
+        search.measured.add([r[1] for r in rows],
+                            perf_of_columns(np.array([r[3] for r in rows]),
+                                            np.array([r[4] for r in rows])))
 
 
 def _stopped_early(task: TaskRow, job: JobRow) -> bool:
@@ -203,11 +313,9 @@ def _end_task(session: Session, task: TaskRow) -> None:
                                else (TaskStatus.DONE, None))
 
 
-def _outstanding(session: Session, task_id: int,
-                 statuses: tuple[TrialStatus, ...] = (TrialStatus.QUEUED, TrialStatus.LEASED)
-                 ) -> int:
+def _leased(session: Session, task_id: int) -> int:
     return session.scalar(select(func.count()).select_from(TrialRow).where(
-        TrialRow.task_id == task_id, TrialRow.status.in_(statuses))) or 0
+        TrialRow.task_id == task_id, TrialRow.status == TrialStatus.LEASED)) or 0
 
 
 def _verification(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow]:
@@ -236,7 +344,7 @@ def _verification(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow
             for round_ in range(1, VERIFY_ROUNDS + 1) for index, config in configs]
 
 
-def _end_search(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow]:
+def _end_search(session: Session, job: JobRow, task: TaskRow) -> Sequence[QueuedTrial]:
     """A task whose search ended (budget, early stopping, space exhausted) is verified
     (``_verification``) once its leased search trials are in, then ends; a job without
     verification ends it at once."""
@@ -244,7 +352,7 @@ def _end_search(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow]:
     if job.verify_top <= 0:
         _end_task(session, task)
         return []
-    if _outstanding(session, task.id, (TrialStatus.LEASED,)):
+    if _leased(session, task.id):
         return []  # their results may be among the best
     trials = _verification(session, job, task)
     if not trials:
@@ -255,42 +363,62 @@ def _end_search(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow]:
     return trials
 
 
-def _plan_task(session: Session, job: JobRow, task: TaskRow,
-               limits: DeviceLimits | None, state: SearchState) -> list[TrialRow]:
+def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimits | None,
+               state: SearchState, outstanding: int) -> Sequence[QueuedTrial]:
+    """Plan what the task lacks of a full plan, or end it. ``outstanding``: its trials
+    queued or leased when the pass began."""
     if task.status == TaskStatus.VERIFYING:
-        if not _outstanding(session, task.id):
+        if not outstanding:
             _end_task(session, task)
         return []
-    outstanding = _outstanding(session, task.id)
     if task.trials_done >= job.n_trial or _stopped_early(task, job):
         return _end_search(session, job, task)
     want = min(job.plan_size, job.n_trial - task.trials_planned)
     if outstanding >= job.plan_size or want <= 0:
         return []
     tuner = state.tuner(job, task, limits, session)
-    workload = tuner.workload
-    visited = set(session.scalars(select(TrialRow.config_index)
-                                  .where(TrialRow.task_id == task.id)))
-    history = _history(session, task.id) if tuner.needs_history else []
-    configs: list[Config] = []
-    if not visited:
+    search = state.task(session, task, tuner.needs_history)
+    indices = np.empty(0, dtype=np.int64)
+    if not len(search.visited):
         # The template's fallback goes first: what an untuned build runs is then always
         # among the candidates, so a tuned build is never slower than an untuned one.
-        default = tuner.template.default_config(workload)
-        if tuner.fits(default):
-            configs.append(default)
-            visited.add(default.index)
-    if want > len(configs):
-        configs += tuner.next_batch(want - len(configs), visited, history)
-    if not configs and outstanding == 0:
-        return _end_search(session, job, task)  # the valid space is exhausted
-    queue = queue_name(Target.parse(job.target))
-    trials = [TrialRow(task_id=task.id, queue=queue, config=c.to_json(), config_index=c.index,
-                       status=TrialStatus.QUEUED, attempts=0) for c in configs]
-    session.add_all(trials)
-    task.trials_planned += len(trials)
+        default = np.array([tuner.template.default_config(tuner.workload).index])
+        indices = default[tuner.valid(default)]
+        search.visited.add(indices)  # the state is dropped if this plan is not stored
+    if want > len(indices):
+        proposed = tuner.propose(want - len(indices), search.visited,
+                                 search.measured or Measured())
+        search.visited.add(proposed)
+        indices = np.concatenate([indices, proposed])
+    if not len(indices):
+        return _end_search(session, job, task) if outstanding == 0 else []
+    trials = _insert_trials(session, task, queue_name(Target.parse(job.target)),
+                            tuner.space.configs_json(indices), indices.tolist())
+    if search.measured is not None:
+        search.pending.update(t.id for t in trials)
+    search.planned = task.trials_planned = task.trials_planned + len(trials)
     task.status = TaskStatus.RUNNING
     return trials
+
+
+class Planned(NamedTuple):
+    """A trial a plan inserted, as the queue is told of it (an ORM row per trial would
+    cost more than the insert)."""
+
+    id: int
+    queue: str
+
+
+def _insert_trials(session: Session, task: TaskRow, queue: str,
+                   configs: list[dict[str, Any]], indices: list[int]) -> list[Planned]:
+    """A plan's trials in one Core INSERT, RETURNING their ids (in no particular order:
+    asking for the rows' order makes SQLAlchemy insert row by row on SQLite)."""
+    rows = [{"task_id": task.id, "queue": queue, "config": config, "config_index": index,
+             "status": TrialStatus.QUEUED, "attempts": 0, "verify_round": 0}
+            for config, index in zip(configs, indices)]
+    ids = session.execute(insert(TrialRow.__table__).returning(TrialRow.__table__.c.id),
+                          rows).scalars().all()
+    return [Planned(trial_id, queue) for trial_id in sorted(ids)]
 
 
 def _fail_tasks(session: Session, job_id: int, task_ids: list[int] | None,
@@ -354,7 +482,7 @@ def _settle(session: Session, job: JobRow) -> None:
         job.status = JobStatus.RUNNING
 
 
-def _fail_job(session: Session, job_id: int, reason: str) -> list[TrialRow]:
+def _fail_job(session: Session, job_id: int, reason: str) -> list[QueuedTrial]:
     """A job that cannot be planned at all fails with its unfinished tasks."""
     reason = reason[:MAX_REASON]
     log.error("job %s failed: %s", job_id, reason)
@@ -367,7 +495,7 @@ def _fail_job(session: Session, job_id: int, reason: str) -> list[TrialRow]:
 
 
 def _plan_job(session: Session, job_id: int, fleet: list[tuple[list[str], DeviceLimits]],
-              state: SearchState) -> list[TrialRow]:
+              state: SearchState, outstanding: dict[int, int]) -> list[QueuedTrial]:
     """Plan one job's tasks, each in a SAVEPOINT: a task that raises is rolled back,
     logged and failed with the reason; its siblings and other jobs go on. A job whose
     row or target cannot be read fails as a whole."""
@@ -388,14 +516,17 @@ def _plan_job(session: Session, job_id: int, fleet: list[tuple[list[str], Device
         return _fail_job(session, job_id,
                          f"job target {job.target!r} does not parse: {_reason(err)}")
     limits = _limits_for(fleet, target)
-    new: list[TrialRow] = []
+    new: list[QueuedTrial] = []
     for task_id in [t.id for t in tasks]:
         try:
             with session.begin_nested():
                 task = session.get(TaskRow, task_id)
                 assert task is not None
-                planned = _plan_task(session, job, task, limits, state)
+                planned = _plan_task(session, job, task, limits, state,
+                                     outstanding.get(task_id, 0))
                 session.flush()  # a row the database refuses is this task's failure
+                if task.status in FINAL:
+                    state.forget(task_id)
         except OUTAGE:
             raise
         except Exception as err:
@@ -441,7 +572,7 @@ def _leader(session: Session) -> bool:
 
 
 def plan_once(session: Session, queue: DispatchQueue, state: SearchState | None = None
-              ) -> tuple[PassStats, list[TrialRow], list[TrialRow]]:
+              ) -> tuple[PassStats, list[QueuedTrial], list[TrialRow]]:
     """One scheduling pass in the caller's transaction; returns what to tell the queue.
 
     No row fails the pass: a job or task that raises is failed with its reason (each
@@ -451,15 +582,23 @@ def plan_once(session: Session, queue: DispatchQueue, state: SearchState | None 
     stats = PassStats()
     if not _leader(session):
         return stats, [], []
+    state.begin(session)
+    rows_read, tasks_read = state.rows_read, state.tasks_read
     requeued, stats.given_up = _reclaim(session, state)
     stats.requeued = len(requeued)
     fleet = _fleet(session, state)
-    new: list[TrialRow] = []
+    # every task's queued and leased trials, in one query over the few such rows
+    outstanding: dict[int, int] = dict(session.execute(  # type: ignore[arg-type]
+        select(TrialRow.task_id, func.count()).where(TrialRow.status.in_(OUTSTANDING))
+        .group_by(TrialRow.task_id)).all())
+    new: list[QueuedTrial] = []
     for job_id in list(session.scalars(select(JobRow.id).where(JobRow.status.in_(ACTIVE))
                                        .order_by(JobRow.id))):
-        new += _plan_job(session, job_id, fleet, state)
+        new += _plan_job(session, job_id, fleet, state, outstanding)
     session.flush()
     stats.planned = len(new)
+    stats.search_rows = state.rows_read - rows_read
+    stats.tasks_read = state.tasks_read - tasks_read
     return stats, new, requeued
 
 
@@ -499,8 +638,8 @@ class Scheduler:
             self._on_pass(stats)
         return stats
 
-    def _tell(self, what: str, notify: Callable[[list[TrialRow]], None],
-              trials: list[TrialRow]) -> None:
+    def _tell(self, what: str, notify: Callable[[Any], None],
+              trials: Sequence[QueuedTrial]) -> None:
         if not trials:
             return
         try:
