@@ -709,9 +709,12 @@ function jobPage(jobId, wantedTask) {
     const task = job.tasks.find((t) => t.id === selected);
     // the task's trials are asked for first: the server reads them while the table draws
     const fetching = task ? showTask(task, full) : null;
-    if (fresh) renderModel(job);
-    for (const tr of tbody.children) tr.classList.toggle("selected", Number(tr.dataset.taskId) === selected);
-    if (fetching) await fetching;
+    try {
+      if (fresh) renderModel(job);
+      for (const tr of tbody.children) tr.classList.toggle("selected", Number(tr.dataset.taskId) === selected);
+    } finally {
+      if (fetching) await fetching;  // its failure, not an unhandled rejection, reaches poll
+    }
     if (full) finalSynced = true;
     // an ended job's figures are complete: stop polling once they are all read
     return !(final && finalSynced && FINAL.includes(model.status));
