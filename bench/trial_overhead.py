@@ -15,7 +15,10 @@ each run with a fresh database and a fresh kernel cache, and prints per run:
 - own: the kernel's own run time per trial (a checked run and a timed one: 2 x cost);
 - overhead: steady - own, everything but the kernel's own run.
 
-Usage: python bench/trial_overhead.py [--trials 32] [--rounds 1]
+``--modes ahead`` runs the built-ahead mode alone; to compare two source trees (a change to
+the kernels' source, say) run it once per tree with PYTHONPATH=TREE, alternating.
+
+Usage: python bench/trial_overhead.py [--trials 32] [--rounds 1] [--modes as-it-comes,ahead]
 """
 
 from __future__ import annotations
@@ -71,12 +74,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--modes", default="as-it-comes,ahead",
+                        help="comma-separated: as-it-comes (TUNER_PREBUILD=0), ahead (=1)")
     opts = parser.parse_args()
+    modes = {m.strip() for m in opts.modes.split(",") if m.strip()}
+    if not modes or modes - {"as-it-comes", "ahead"}:
+        parser.error(f"--modes {opts.modes!r}: expected as-it-comes and/or ahead")
     rows: list[tuple[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(opts.rounds):
             order = (False, True) if i % 2 == 0 else (True, False)
             for prebuild in order:
+                if ("ahead" if prebuild else "as-it-comes") not in modes:
+                    continue
                 name = f"{'ahead' if prebuild else 'as-it-comes'}-{i}"
                 rows.append((name, run(prebuild, opts.trials, Path(tmp), name)))
                 print(f"done: {name}", file=sys.stderr, flush=True)

@@ -32,10 +32,24 @@ _OPENCL = """\
 // a*b+c per lane, VADD(a, b) and VMAX(a, b) per lane, VELEM(v, e) lane e as a hex digit.
 // VFMA is fma, not mad: PoCL 3.1 compiles mad to a multiply and an add, fma to one FMA
 // instruction (1.02-1.79x on conv2d_NCHWc.x86 configs of a 1x1 layer, docs/BENCHMARKS.md).
+// Under clang (PoCL, ROCm) VLOAD / VSTORE (p a GLOBAL float pointer) go through a vector
+// type aligned to one float: one unaligned vector load or store in the IR, where vloadN /
+// vstoreN are library calls whose lane-by-lane bodies LLVM must merge again in every copy
+// of an unrolled loop (PoCL compiled vec=8/16 conv2d_NCHWc.x86 kernels with unroll_ci > 1
+// 1.2-3.8x faster so, the same machine code: docs/BENCHMARKS.md "Overhead per trial").
 #define VEC_T(n) float##n
 #define VBCAST(n, x) ((float##n)(x))
+#ifdef __clang__
+typedef float tuner_float2u __attribute__((ext_vector_type(2), aligned(4)));
+typedef float tuner_float4u __attribute__((ext_vector_type(4), aligned(4)));
+typedef float tuner_float8u __attribute__((ext_vector_type(8), aligned(4)));
+typedef float tuner_float16u __attribute__((ext_vector_type(16), aligned(4)));
+#define VLOAD(n, i, p) (*(const GLOBAL tuner_float##n##u*)((p) + (i) * (n)))
+#define VSTORE(n, x, i, p) (*(GLOBAL tuner_float##n##u*)((p) + (i) * (n)) = (x))
+#else
 #define VLOAD(n, i, p) vload##n((i), (p))
 #define VSTORE(n, x, i, p) vstore##n((x), (i), (p))
+#endif
 #define VFMA(a, b, c) fma((a), (b), (c))
 #define VADD(a, b) ((a) + (b))
 #define VMAX(a, b) fmax((a), (b))
