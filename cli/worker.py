@@ -32,7 +32,11 @@ def worker(
     token: str = typer.Option(..., "--token", envvar="TUNER_TOKEN", help="a worker token"),
     device: str | None = typer.Option(None, "--device", help="e.g. opencl:0 or cuda:0"),
     name: str | None = typer.Option(None, "--name"),
-    batch: int = typer.Option(1, "--batch", min=1, max=1024, help="trials leased at a time"),
+    batch: int | None = typer.Option(
+        None, "--batch", min=1, max=1024,
+        help="trials leased at a time (default: 4 per builder process, one per core, up "
+             "to 16, so the batch's kernels build in parallel ahead of their timing; 1 "
+             "with TUNER_PREBUILD=0)"),
     max_trials: int | None = typer.Option(None, "--max-trials", min=1,
                                           help="exit after this many"),
 ) -> None:
@@ -43,6 +47,10 @@ def worker(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if device is None:
         device = default_device()
+    if batch is None:
+        from compiler.runtime.prebuild import lease_batch
+
+        batch = lease_batch()
     agent = WorkerAgent(server, token, device, name, batch)
     agent.stop_on_signals()
     try:

@@ -213,3 +213,37 @@ def test_a_stopped_batch_leaves_no_build_to_the_next(
         assert second.outcomes == [""] and settled == [0], second
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_a_standalone_worker_leases_a_batch_for_its_builders(
+        switch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tuner worker`` without --batch leases what the embedded worker leases: a batch for
+    its builders to build ahead, one trial with building ahead off; --batch still wins."""
+    from typer.testing import CliRunner
+
+    import cli.worker
+    from cli.main import app
+
+    monkeypatch.setenv(SWITCH_ENV, switch)
+    made: list[int] = []
+
+    class Agent:  # records the batch it was given; measures nothing
+        def __init__(self, server: str, token: str, device: str | None, name: str | None,
+                     batch: int) -> None:
+            made.append(batch)
+
+        def stop_on_signals(self) -> None:
+            pass
+
+        def run(self, max_trials: int | None = None) -> int:
+            return 0
+
+    monkeypatch.setattr(cli.worker, "WorkerAgent", Agent)
+    base = ["worker", "--server", "http://127.0.0.1:9", "--token", "t", "--device", "opencl:0"]
+    runner = CliRunner()
+    assert runner.invoke(app, base).exit_code == 0
+    assert runner.invoke(app, [*base, "--batch", "3"]).exit_code == 0
+    expected = lease_batch()
+    assert made == [expected, 3]
+    assert (expected == 1) == (switch == "0")  # a batch only where builders build it
