@@ -78,8 +78,10 @@ def test_visited_and_measured_agree_with_plain_python() -> None:
     assert measured.perf.tolist() == [p for _, p in rows]
     best = measured.best(7)
     assert measured.perf[best].tolist() == sorted((p for _, p in rows), reverse=True)[:7]
-    with pytest.raises(ValueError, match="indices but"):
-        measured.add([1, 2], [0.5])
+    for indices, perf in [([1, 2], [0.5]), ([1, 2], 0.5), (3, 0.5), ([[1]], [[0.5]])]:
+        with pytest.raises(ValueError, match="indices of shape"):
+            measured.add(indices, perf)
+    assert len(measured) == len(rows)
 
 
 @pytest.mark.parametrize("name", ["random", "grid", "ga", "lgbm"])
@@ -242,3 +244,111 @@ def test_a_pass_that_did_not_commit_is_forgotten(sessions: sessionmaker[Session]
         stored = np.array(session.scalars(select(TrialRow.config_index)).all())
     assert len(set(stored.tolist())) == 16
     assert state.tasks[task.id].visited.contains(stored).all()
+
+
+def test_grid_plans_again_what_a_pass_that_did_not_commit_planned(
+        sessions: sessionmaker[Session]) -> None:
+    """Grid's cursor moves past what it proposes: a pass that rolls back must take the
+    tuner with the task's state, or the next plan skips the configs never stored (on a
+    small space the task would end as exhausted with configs never measured)."""
+    with sessions.begin() as session:
+        _job(session, "grid")
+    state = SearchState()
+    with sessions() as session:
+        session.begin()
+        assert plan_once(session, SqlQueue(), state)[0].planned == 8
+        rolled_back = sorted(session.scalars(select(TrialRow.config_index)).all())
+        session.rollback()
+    with sessions.begin() as session:
+        assert plan_once(session, SqlQueue(), state)[0].planned == 8
+    with sessions() as session:
+        stored = sorted(session.scalars(select(TrialRow.config_index)).all())
+    assert stored == rolled_back
+
+
+def _tasks_job(session: Session, n_tasks: int) -> tuple[int, int]:
+    """A random-search job of ``n_tasks`` tasks and a worker for it."""
+    job_id = jobs.submit(session, JobRequest(target=TARGET, tasks=[CONV] * n_tasks,
+                                             n_trial=400, plan_size=8, tuner="random",
+                                             verify_top=0))
+    return job_id, dispatch.register(session, "w", TARGET, DeviceLimits(), None, 600).id
+
+
+def test_task_states_have_a_cap_of_their_own(sqlite_sessions: sessionmaker[Session],
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    """More running tasks than tuners kept: each task's state is still kept between
+    passes (the tasks are visited in the same order every pass, so a shared LRU cap
+    would find none); a state dropped for want of room is logged; the states (and
+    tuners) of tasks that stopped running are dropped at the end of a pass."""
+    sessions = sqlite_sessions
+    with sessions.begin() as session:
+        job_id, worker_id = _tasks_job(session, 3)
+    state = SearchState(max_tuners=2)
+    for turn in range(3):
+        with sessions.begin() as session:
+            stats, _, _ = plan_once(session, SqlQueue(), state)
+        assert stats.planned == 24 and stats.tasks_read == (3 if turn == 0 else 0), turn
+        _measure_all(sessions, worker_id)
+    assert len(state.tasks) == 3 and len(state.tuners) == 2
+
+    tight = SearchState(max_tasks=2)
+    with caplog.at_level("WARNING", logger="tuner.scheduler"):
+        for _ in range(2):
+            with sessions.begin() as session:
+                assert plan_once(session, SqlQueue(), tight)[0].tasks_read == 3
+            _measure_all(sessions, worker_id)
+    assert len(tight.tasks) == 2
+    assert [r for r in caplog.records if "max_tasks=2" in r.getMessage()]
+
+    with sessions.begin() as session:
+        jobs.cancel(session, job_id)
+    with sessions.begin() as session:
+        plan_once(session, SqlQueue(), state)
+    assert not state.tasks and not state.tuners
+
+
+def test_a_tuner_that_slips_does_not_fail_its_task(sessions: sessionmaker[Session],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tuner that proposes a config twice, or one already planned, would break the
+    trials' unique key and fail the task: the plan is cleared of both before the
+    INSERT, in the order proposed."""
+    propose = GridTuner.propose
+
+    def slipping(self: GridTuner, n: int, visited: Visited, measured: Measured) -> np.ndarray:
+        got = propose(self, n, visited, measured)
+        planned = visited.contains(np.arange(1_000_000))
+        again = np.flatnonzero(planned)[:1]
+        return np.concatenate([got[:2], got[:1], again, got[2:], got[-1:]])
+    monkeypatch.setattr(GridTuner, "propose", slipping)
+    with sessions.begin() as session:
+        job_id = _job(session, "grid")
+        worker_id = dispatch.register(session, "w", TARGET, DeviceLimits(), None, 600).id
+    state = SearchState()
+    for _ in range(3):
+        with sessions.begin() as session:
+            stats, new, _ = plan_once(session, SqlQueue(), state)
+        assert stats.planned == 8
+        _measure_all(sessions, worker_id)
+    with sessions() as session:
+        [task] = session.scalars(select(TaskRow).where(TaskRow.job_id == job_id))
+        stored = session.scalars(select(TrialRow.config_index).order_by(TrialRow.id)).all()
+    assert task.status == "running" and task.trials_planned == 24
+    template = get_template(CONV.template)
+    every = np.arange(10_000)
+    grid = every[template.valid_mask(CONV, every, DeviceLimits())].tolist()
+    assert stored == [template.default_config(CONV).index] + grid[:23]
+
+
+def test_a_pass_listens_for_its_commit_once(sqlite_sessions: sessionmaker[Session]) -> None:
+    """Passes run again and again in one session leave one commit listener on it, not
+    one per pass; and a commit still confirms the pass that ran in it."""
+    state = SearchState()
+    with sqlite_sessions.begin() as session:
+        _job(session, "random")
+    with sqlite_sessions() as session:
+        for _ in range(5):
+            session.begin()
+            plan_once(session, SqlQueue(), state)
+            session.commit()
+            assert not state.unconfirmed
+        assert len(session.dispatch.after_commit) == 1

@@ -28,7 +28,8 @@ def _int64(indices: Iterable[int] | np.ndarray) -> np.ndarray:
 
 class Visited:
     """The config indices a task has planned, as a sorted array: a batch's membership
-    is one vectorised search, and ``add`` inserts in place of a rebuild."""
+    is one vectorised search, and ``add`` merges a batch in without sorting it all
+    again."""
 
     def __init__(self, indices: Iterable[int] | np.ndarray = ()) -> None:
         self._sorted = np.unique(_int64(indices))
@@ -45,6 +46,9 @@ class Visited:
         return self._sorted[at] == indices
 
     def add(self, indices: Iterable[int] | np.ndarray) -> None:
+        """Add ``indices`` (repeats and known ones are ignored): one ``np.insert`` of the
+        new ones at their places, which copies the array (O(planned + batch)), not
+        in place, but sorts only the batch."""
         new = np.unique(_int64(indices))
         new = new[~self.contains(new)]
         if new.size:
@@ -65,10 +69,12 @@ class Measured:
         return self._n
 
     def add(self, indices: Sequence[int] | np.ndarray, perf: Sequence[float] | np.ndarray) -> None:
+        """Append configs and their throughputs, one each: a 1-d array apiece, alike."""
         indices = np.asarray(indices, dtype=np.int64)
         perf = np.asarray(perf, dtype=np.float64)
-        if indices.shape != perf.shape:
-            raise ValueError(f"{indices.shape[0]} indices but {perf.shape[0]} throughputs")
+        if indices.ndim != 1 or indices.shape != perf.shape:
+            raise ValueError(f"indices of shape {indices.shape} but throughputs of shape "
+                             f"{perf.shape}: one throughput per index, in 1-d arrays")
         end = self._n + len(indices)
         if end > len(self._indices):
             size = max(end, 2 * len(self._indices))

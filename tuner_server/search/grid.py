@@ -2,9 +2,12 @@
 visited or does not fit. Only useful on small spaces, and as a baseline.
 
 A cursor marks where the last plan stopped: everything before it was proposed, visited or
-invalid, and stays so, so each plan scans only on from there. It lives with the tuner
-object and is derived again after a restart: the first plan scans from index 0 past what
-the database says was visited, once."""
+invalid, so each plan scans only on from there. That holds only while every config it
+proposed stays visited: a caller that drops a plan (one never stored) must drop the tuner
+with it, as the scheduler forgets a task whole after a pass that did not commit, or the
+dropped configs are skipped for good. The cursor lives with the tuner object and is
+derived again by a new one (a restart): its first plan scans from index 0 past what the
+database says was visited, once."""
 
 from __future__ import annotations
 

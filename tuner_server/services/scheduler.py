@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from pydantic import ValidationError
-from sqlalchemy import Text, cast, event, func, insert, select, text, update
+from sqlalchemy import Select, Text, cast, event, func, insert, select, text, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
@@ -84,8 +84,10 @@ class TaskSearch:
 @dataclass
 class SearchState:
     """What the scheduler keeps between passes to search faster; all of it can be lost
-    (a restart rebuilds it from the database): the global cost models, and each running
-    task's tuner (its annealing chains)."""
+    (a restart rebuilds it from the database): the global cost models, each running
+    task's tuners (annealing chains, grid's cursor) and search state (:class:`TaskSearch`),
+    and which tasks the last pass changed without its commit being seen (``unconfirmed``):
+    those are forgotten whole, tuners included, when the next pass begins."""
 
     global_models: GlobalModels = field(default_factory=GlobalModels)
     # where a global model's fit reads its records apart from the pass (the server's
@@ -94,9 +96,17 @@ class SearchState:
     tuners: OrderedDict[tuple[int, str], Tuner] = field(default_factory=OrderedDict)
     max_tuners: int = 256
     tasks: OrderedDict[int, TaskSearch] = field(default_factory=OrderedDict)
+    # Task states kept, at most: a pass visits tasks in the same order, so with more
+    # running tasks than this none is found and each is read whole every pass (logged).
+    # Its own cap, apart from the tuners': a state is arrays of the task's planned and
+    # measured configs (tens of bytes a trial), and those of tasks that stopped running
+    # are dropped at the end of each pass.
+    max_tasks: int = 4096
     # tasks whose state the current (or an earlier) pass changed and whose transaction
-    # is not known to have committed: dropped at the next pass unless it did
+    # is not known to have committed: forgotten at the next pass unless it did
     unconfirmed: set[int] = field(default_factory=set)
+    # the current pass's commit listener and its session: removed when the next begins
+    listener: tuple[Session, Callable[[Session], None]] | None = None
     rows_read: int = 0  # PassStats.search_rows, summed over passes
     tasks_read: int = 0
     warned: dict[str, float] = field(default_factory=dict)  # key -> when last logged
@@ -120,19 +130,32 @@ class SearchState:
         self.tasks.pop(task_id, None)
 
     def begin(self, session: Session) -> None:
-        """A pass begins in ``session``'s transaction. Task states changed by a pass
-        whose transaction did not commit (rolled back, failed) may hold trials the
-        database does not: they are dropped, to be read again. This pass's changes are
+        """A pass begins in ``session``'s transaction. Tasks changed by a pass whose
+        transaction did not commit (rolled back, failed) are forgotten whole: their
+        state may hold trials the database does not, and their tuners moved on past
+        configs never stored (grid's cursor would skip them). This pass's changes are
         confirmed when its transaction commits."""
         for task_id in self.unconfirmed:
-            self.tasks.pop(task_id, None)
+            self.forget(task_id)
         touched: set[int] = set()
         self.unconfirmed = touched
+        if self.listener is not None:  # one listener at a time, not one more a pass
+            earlier, listener = self.listener
+            if event.contains(earlier, "after_commit", listener):
+                event.remove(earlier, "after_commit", listener)
 
         def committed(session: Session) -> None:
             if not session.in_nested_transaction():  # a SAVEPOINT's release is no commit
                 touched.clear()
         event.listen(session, "after_commit", committed)
+        self.listener = (session, committed)
+
+    def retain(self, running: set[int]) -> None:
+        """Forget every task not in ``running`` (cancelled, ended elsewhere): what is
+        kept is then only the tasks that a pass may plan again."""
+        for task_id in {k[0] for k in self.tuners} | set(self.tasks):
+            if task_id not in running:
+                self.forget(task_id)
 
     def task(self, session: Session, task: TaskRow, history: bool) -> TaskSearch:
         """The task's search state, brought up to date: read whole when this process
@@ -149,8 +172,11 @@ class SearchState:
             rows = _read_pending(session, search) if history else 0
         self.rows_read += rows
         self.tasks.move_to_end(task.id)
-        while len(self.tasks) > self.max_tuners:
-            self.tasks.popitem(last=False)
+        while len(self.tasks) > self.max_tasks:
+            evicted, _ = self.tasks.popitem(last=False)
+            self.warn("evicted", "running task %s's search state is dropped: more than "
+                      "max_tasks=%d tasks are running, so such tasks are read whole "
+                      "every pass", evicted, self.max_tasks)
         return search
 
     def tuner(self, job: JobRow, task: TaskRow, limits: DeviceLimits | None,
@@ -211,6 +237,15 @@ def _examples_apart(sessions: sessionmaker[Session], template: str,
         return list(_examples(session, template, kind))
 
 
+def _trial_rows(*where: Any) -> Select[Any]:
+    """Trials (id, index, status) with their record's ``mean_cost`` and ``error_no``
+    (None while unrecorded), by id: the rows ``_learn`` takes."""
+    return (select(TrialRow.id, TrialRow.config_index, TrialRow.status,
+                   RecordRow.mean_cost, RecordRow.error_no)
+            .outerjoin(RecordRow, RecordRow.trial_id == TrialRow.id)
+            .where(*where).order_by(TrialRow.id))
+
+
 def _read_task(session: Session, task: TaskRow, history: bool) -> tuple[TaskSearch, int]:
     """A task's search state from the database, in one statement (one snapshot: a trial
     recorded meanwhile is either pending or measured, never neither); and the rows read."""
@@ -220,11 +255,7 @@ def _read_task(session: Session, task: TaskRow, history: bool) -> tuple[TaskSear
                            dtype=np.int64)
         return TaskSearch(task.trials_planned, Visited(indices), None), len(indices)
     rows = session.execute(
-        select(TrialRow.id, TrialRow.config_index, TrialRow.status, RecordRow.mean_cost,
-               RecordRow.error_no)
-        .outerjoin(RecordRow, RecordRow.trial_id == TrialRow.id)
-        .where(TrialRow.task_id == task.id, TrialRow.verify_round == 0)
-        .order_by(TrialRow.id)).all()
+        _trial_rows(TrialRow.task_id == task.id, TrialRow.verify_round == 0)).all()
     search = TaskSearch(task.trials_planned, Visited(r[1] for r in rows), Measured(),
                         {r[0] for r in rows if r[3] is None and r[2] in OUTSTANDING})
     _learn(search, [r for r in rows if r[3] is not None])
@@ -237,13 +268,8 @@ def _read_pending(session: Session, search: TaskSearch) -> int:
     ids = sorted(search.pending)
     read = 0
     for start in range(0, len(ids), ID_CHUNK):
-        rows = session.execute(
-            select(TrialRow.id, TrialRow.config_index, TrialRow.status, RecordRow.mean_cost,
-                   RecordRow.error_no)
-            .outerjoin(RecordRow, RecordRow.trial_id == TrialRow.id)
-            .where(TrialRow.id.in_(ids[start:start + ID_CHUNK]),
-                   TrialRow.status.not_in(OUTSTANDING))
-            .order_by(TrialRow.id)).all()
+        rows = session.execute(_trial_rows(TrialRow.id.in_(ids[start:start + ID_CHUNK]),
+                                           TrialRow.status.not_in(OUTSTANDING))).all()
         search.pending.difference_update(r[0] for r in rows)
         _learn(search, [r for r in rows if r[3] is not None])
         read += len(rows)
@@ -387,9 +413,15 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimit
         search.visited.add(indices)  # the state is dropped if this plan is not stored
     if want > len(indices):
         proposed = tuner.propose(want - len(indices), search.visited,
-                                 search.measured or Measured())
-        search.visited.add(proposed)
-        indices = np.concatenate([indices, proposed])
+                                 search.measured if search.measured is not None
+                                 else Measured())
+        fresh = _fresh(proposed, search.visited)
+        if len(fresh) < len(proposed):
+            state.warn(f"slip {job.tuner}", "tuner %s proposed %d of %d configs twice or "
+                       "already planned (task %s); they are left out of the plan",
+                       job.tuner, len(proposed) - len(fresh), len(proposed), task.id)
+        search.visited.add(fresh)
+        indices = np.concatenate([indices, fresh])
     if not len(indices):
         return _end_search(session, job, task) if outstanding == 0 else []
     trials = _insert_trials(session, task, queue_name(Target.parse(job.target)),
@@ -399,6 +431,16 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimit
     search.planned = task.trials_planned = task.trials_planned + len(trials)
     task.status = TaskStatus.RUNNING
     return trials
+
+
+def _fresh(proposed: np.ndarray, visited: Visited) -> np.ndarray:
+    """``proposed`` less repeats and configs already planned, in the order proposed: a
+    tuner's slip then costs a shorter plan, not the trials' unique key (which would
+    fail the task)."""
+    proposed = np.asarray(proposed, dtype=np.int64)
+    _, first = np.unique(proposed, return_index=True)
+    once = proposed[np.sort(first)]
+    return once[~visited.contains(once)]
 
 
 class Planned(NamedTuple):
@@ -495,10 +537,12 @@ def _fail_job(session: Session, job_id: int, reason: str) -> list[QueuedTrial]:
 
 
 def _plan_job(session: Session, job_id: int, fleet: list[tuple[list[str], DeviceLimits]],
-              state: SearchState, outstanding: dict[int, int]) -> list[QueuedTrial]:
+              state: SearchState, outstanding: dict[int, int],
+              running: set[int]) -> list[QueuedTrial]:
     """Plan one job's tasks, each in a SAVEPOINT: a task that raises is rolled back,
     logged and failed with the reason; its siblings and other jobs go on. A job whose
-    row or target cannot be read fails as a whole."""
+    row or target cannot be read fails as a whole. Adds the job's running tasks (as the
+    pass found them) to ``running``."""
     try:
         with session.begin_nested():
             job = session.get(JobRow, job_id)
@@ -517,6 +561,7 @@ def _plan_job(session: Session, job_id: int, fleet: list[tuple[list[str], Device
                          f"job target {job.target!r} does not parse: {_reason(err)}")
     limits = _limits_for(fleet, target)
     new: list[QueuedTrial] = []
+    running.update(t.id for t in tasks)
     for task_id in [t.id for t in tasks]:
         try:
             with session.begin_nested():
@@ -592,9 +637,11 @@ def plan_once(session: Session, queue: DispatchQueue, state: SearchState | None 
         select(TrialRow.task_id, func.count()).where(TrialRow.status.in_(OUTSTANDING))
         .group_by(TrialRow.task_id)).all())
     new: list[QueuedTrial] = []
+    running: set[int] = set()
     for job_id in list(session.scalars(select(JobRow.id).where(JobRow.status.in_(ACTIVE))
                                        .order_by(JobRow.id))):
-        new += _plan_job(session, job_id, fleet, state, outstanding)
+        new += _plan_job(session, job_id, fleet, state, outstanding, running)
+    state.retain(running)
     session.flush()
     stats.planned = len(new)
     stats.search_rows = state.rows_read - rows_read
