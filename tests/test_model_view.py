@@ -180,3 +180,19 @@ def test_views_keep_the_most_recently_viewed_jobs(sessions: sessionmaker[Session
     assert views.rebuilds == 3
     with sessions() as session:
         assert model_view(session, 999, views=views) is None
+
+
+def test_a_late_verification_result_is_folded_in(sessions: sessionmaker[Session]) -> None:
+    """A verification result (which ``trials_done`` does not count) committed below the
+    highest id read rebuilds the fold, so it is in the view: here a new best."""
+    job = Job(sessions, 1)
+    views = ModelViews()
+    job.store(list(range(10, 20)))
+    job.store(list(range(30, 39)))  # 19 results: the next is not one of Job's failures
+    view = compare(sessions, views, job.id)
+    assert (view.trials_done, views.rebuilds) == (19, 1)
+    job.store([25], verify=True, cost=1e-9)
+    view = compare(sessions, views, job.id)
+    assert (view.trials_done, view.tasks[0].best_cost, views.rebuilds) == (20, 1e-9, 2)
+    view = compare(sessions, views, job.id)  # folded now: the check passes
+    assert views.rebuilds == 2

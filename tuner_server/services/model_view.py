@@ -177,11 +177,18 @@ def _top(session: Session) -> int:
     return int(session.scalar(select(func.max(RecordRow.id))) or 0)
 
 
-def _searched(session: Session, task_ids: list[int]) -> int:
-    """The tasks' search results stored (``trials_done``, which a report raises in the
-    transaction that stores its records; verification results are not counted)."""
-    return int(session.scalar(select(func.sum(TaskRow.trials_done))
-                              .where(TaskRow.id.in_(task_ids))) or 0)
+def _stored(session: Session, task_ids: list[int]) -> tuple[int, int]:
+    """The tasks' (search, verification) results stored. Search ones are the tasks'
+    ``trials_done``, which a report raises in the transaction that stores its records;
+    verification ones (not in ``trials_done``) are counted from the records: the tasks'
+    trials walked in an index (``uq_trials_task_config_round``, no table rows), the
+    records of the few verification trials among them looked up by ``trial_id``."""
+    searched = session.scalar(select(func.sum(TaskRow.trials_done))
+                              .where(TaskRow.id.in_(task_ids)))
+    verified = session.scalar(select(func.count(RecordRow.id))
+                              .join(TrialRow, TrialRow.id == RecordRow.trial_id)
+                              .where(TrialRow.task_id.in_(task_ids), TrialRow.verify_round > 0))
+    return int(searched or 0), int(verified or 0)
 
 
 def _created(session: Session, fold: _JobFold, record_ids: Sequence[int]) -> dict[int, float]:
@@ -225,7 +232,8 @@ class ModelViews:
 
     Results are folded in record-id order, and a transaction may commit a lower id after
     a higher one was read. So each call then compares the search results folded with the
-    tasks' ``trials_done`` (which the storing transaction raises): a difference that
+    tasks' ``trials_done`` (which the storing transaction raises), and the verification
+    results folded with those stored (which no counter covers): a difference that
     another read of what is new does not settle (a result stored meanwhile) means a
     result committed below those read, and the fold starts again from the job's tasks,
     as it does when the tasks change (a database whose counters disagree with its records
@@ -258,9 +266,10 @@ class ModelViews:
             for _ in range(2):
                 _extend(session, fold, task_ids)
                 # read after the results: equal means every one stored by then is folded
-                if _searched(session, task_ids) == fold.searched:
+                if _stored(session, task_ids) == (fold.searched, fold.count - fold.searched):
                     return fold
-        self.rebuilds += 1
+        with self._lock:  # calls for other jobs may rebuild at the same time
+            self.rebuilds += 1
         slot.fold = fold = _new_fold(tasks)
         _extend(session, fold, list(fold.tasks))
         return fold
