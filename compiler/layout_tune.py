@@ -14,7 +14,7 @@ per layer minimising, over the whole graph,
       its config's own: the measured extra seconds of that read (``ReadCosts``: the
       layer's kernel timed reading that block against reading its own, in
       interleaved rounds, cached per (device, workload, config, epilogue, both
-      layouts) in a JSON file).
+      layouts, both kernels' source) in a JSON file).
 
 States of a layer are its ``Option``s: the best record of each distinct layout
 (template, data block, output block) of this device's records, the ``top_k`` cheapest
@@ -33,27 +33,35 @@ nothing below it imports it.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
 import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from compiler.ir import Graph, Node
 from compiler.ir.ops import node_epilogue
-from compiler.records import THIS_DEVICE, Choice, RecordSource, rank
+from compiler.records import THIS_DEVICE, Candidate, Choice, RecordSource, rank
+from compiler.runtime.child import cache_home
 from compiler.runtime.device import Device
 from compiler.runtime.measure import max_abs_error_ok
 from compiler.tasks import candidates
 from compiler.templates import Epilogue, IOLayout, get_template
-from compiler.templates.base import from_blocked, to_blocked
+from compiler.templates.base import Kernel, from_blocked, to_blocked
 from compiler.templates.history import problem
 from schemas import DeviceLimits, MeasureOptions, Target
 
+log = logging.getLogger(__name__)
+
 DATA, RESIDUAL = "data", "residual"
+CACHE_ENV = "TUNER_LAYOUT_CACHE"  # the read-cost cache file
 DEFAULT_TOP_K = 3
 # A read cost: both kernels timed for at least this long per round, this many rounds.
 READ_REPEAT_MS, READ_ROUNDS = 20.0, 7
@@ -112,10 +120,6 @@ class Problem:
         for (v, slot), block in self.fixed.items():
             cost += penalty(v, states[v], slot, block)
         return cost
-
-    def greedy(self) -> list[int]:
-        """Each layer's cheapest option alone (what ``select_layers`` takes)."""
-        return [min(range(len(opts)), key=lambda s, o=opts: o[s].cost) for opts in self.options]
 
 
 def solve(problem: Problem, penalty: Penalty, max_sweeps: int = 20) -> list[int]:
@@ -194,7 +198,7 @@ def layer_options(nodes: Sequence[Node], source: RecordSource | None, target: Ta
     per_node = [[w for w in candidates(node, target) if get_template(w.template).blocked_io]
                 for node in nodes]
     found = source.candidates([w for ws in per_node for w in ws], target) if source else []
-    by_key: dict[str, list] = {}
+    by_key: dict[str, list[Candidate]] = {}
     for cand in found:
         by_key.setdefault(cand.record.workload.key, []).append(cand)
     out: list[list[Option]] = []
@@ -217,11 +221,29 @@ def layer_options(nodes: Sequence[Node], source: RecordSource | None, target: Ta
 
 
 def default_cache() -> Path:
-    """Where read costs are kept between builds (``TUNER_LAYOUT_CACHE`` overrides)."""
-    env = os.environ.get("TUNER_LAYOUT_CACHE")
+    """Where read costs are kept between builds: ``$TUNER_LAYOUT_CACHE``, else
+    ``layout_costs.json`` in the project's cache folder (beside the kernel cache)."""
+    env = os.environ.get(CACHE_ENV)
     if env:
-        return Path(env)
-    return Path.home() / ".cache" / "tuner" / "layout_costs.json"
+        return Path(env).expanduser()
+    return cache_home() / "layout_costs.json"
+
+
+def _load(cache: Path) -> dict[str, float]:
+    """The read costs stored in ``cache``; none (with a warning) when it is missing,
+    partly written or not ours: a cache is never a reason for a build to fail."""
+    try:
+        data = json.loads(cache.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        log.warning("%s: unreadable layout read costs, measured again (%s: %s)",
+                    cache, type(err).__name__, err)
+        return {}
+    if not isinstance(data, dict):
+        log.warning("%s: not a layout read-cost cache, measured again", cache)
+        return {}
+    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
 
 
 class ReadCosts:
@@ -232,16 +254,19 @@ class ReadCosts:
     median of the rounds' differences, never negative (the kernels are otherwise the
     same: a faster mismatched read is noise). Paired rounds, not two separate minima:
     on a loaded machine two minima differ by more than most reads cost. Kept per
-    (device, workload, config, epilogue, both layouts) in ``cache`` (a JSON file; None:
-    memory only), so a rebuild measures nothing again."""
+    (device, workload, config, epilogue, both layouts, and a hash of both kernels'
+    generated source and launch, so a codegen change measures again) in ``cache`` (a
+    JSON file; None: memory only), so a rebuild measures nothing again. Each save merges
+    with what the file holds then (other builds write it too) and replaces it whole."""
 
     def __init__(self, device: Device, cache: Path | None = None,
                  options: MeasureOptions = MeasureOptions()) -> None:
         self.device, self.cache, self.options = device, cache, options
         self.measured = 0  # pairs timed (not found in the cache) by this object
-        self._seconds: dict[str, float] = {}
-        if cache is not None and cache.is_file():
-            self._seconds = json.loads(cache.read_text())
+        self._seconds: dict[str, float] = _load(cache) if cache is not None else {}
+        # generated kernels by (workload, config, epilogue, layout): an option's own one
+        # serves every block it is asked about (codegen takes milliseconds)
+        self._kernels: dict[str, Kernel] = {}
 
     def penalty(self, option: Option, epilogue: Epilogue, slot: str, block: int) -> float:
         """Extra seconds of reading ``slot`` in ``block`` (0: plain) instead of the
@@ -255,18 +280,28 @@ class ReadCosts:
         if other == own:
             return 0.0
         choice = option.choice
+        kernels = (self._kernel(choice, epilogue, own), self._kernel(choice, epilogue, other))
         key = json.dumps([str(self.device.target), self.device.info.name,
                           choice.workload.key, choice.config.model_dump_json(),
-                          list(epilogue.ops), _io(own), _io(other)])
+                          list(epilogue.ops), _io(own), _io(other), _source_hash(kernels)])
         if key not in self._seconds:
-            self._seconds[key] = self._paired(choice, epilogue, own, other)
+            self._seconds[key] = self._paired(choice, epilogue, (own, other), kernels)
             self.measured += 1
             self._save()
         return self._seconds[key]
 
-    def _paired(self, choice: Choice, epilogue: Epilogue, own: IOLayout,
-                other: IOLayout) -> float:
-        runs = [self._prepare(choice, epilogue, io) for io in (own, other)]
+    def _kernel(self, choice: Choice, epilogue: Epilogue, io: IOLayout) -> Kernel:
+        """The option's kernel generated with ``io``: what a cached cost was timed on."""
+        wl, config = choice.workload, choice.config
+        key = json.dumps([wl.key, config.model_dump_json(), repr(epilogue), _io(io)])
+        if key not in self._kernels:
+            self._kernels[key] = get_template(wl.template).codegen(
+                wl, config, self.device.dialect, epilogue, io)
+        return self._kernels[key]
+
+    def _paired(self, choice: Choice, epilogue: Epilogue, ios: tuple[IOLayout, IOLayout],
+                kernels: tuple[Kernel, Kernel]) -> float:
+        runs = [self._prepare(choice, epilogue, io, kernel) for io, kernel in zip(ios, kernels)]
         once = self.device.time(*runs[0], 1)
         number = max(1, math.ceil(READ_REPEAT_MS / 1e3 / max(once, 1e-9)))
         diffs = []
@@ -276,13 +311,13 @@ class ReadCosts:
             diffs.append(t[1] - t[0])
         return max(0.0, float(np.median(diffs)))
 
-    def _prepare(self, choice: Choice, epilogue: Epilogue, io: IOLayout) -> tuple:
-        """(program, kernel, buffers) of the option's kernel with ``io``, run once and
-        its output checked against numpy."""
+    def _prepare(self, choice: Choice, epilogue: Epilogue, io: IOLayout,
+                 kernel: Kernel) -> tuple[Any, Kernel, list[Any]]:
+        """(program, kernel, buffers) of the option's ``kernel`` (generated with ``io``),
+        run once and its output checked against numpy."""
         device, wl, config = self.device, choice.workload, choice.config
         template = get_template(wl.template)
         arrays = template.make_inputs(wl, epilogue, np.random.default_rng(0))
-        kernel = template.codegen(wl, config, device.dialect, epilogue, io)
         inputs = template.kernel_inputs(wl, config, arrays)
         inputs[0] = to_blocked(inputs[0], io.data_block)
         if "add" in epilogue.ops:
@@ -300,16 +335,34 @@ class ReadCosts:
         return program, kernel, buffers
 
     def _save(self) -> None:
+        """Write the costs known here merged with those in the file now, through a temp
+        file of this process's own in the same folder and one rename: a concurrent
+        build's entries are kept, and a reader never sees a partial file. (Two saves at
+        the same moment may still drop each other's newest entry: measured again later.)"""
         if self.cache is None:
             return
         self.cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._seconds, indent=0))
-        tmp.replace(self.cache)
+        self._seconds = {**_load(self.cache), **self._seconds}
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.cache.name}.", suffix=".tmp",
+                                   dir=self.cache.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._seconds, f, indent=0)
+            os.replace(tmp, self.cache)
+        except BaseException:
+            os.unlink(tmp)
+            raise
 
 
 def _io(io: IOLayout) -> list[int]:
     return [io.data_block, io.out_block, io.residual_block]
+
+
+def _source_hash(kernels: Sequence[Kernel]) -> str:
+    """What the kernels run (source, entry, launch): a read cost is valid while it holds."""
+    text = json.dumps([[k.source, k.entry, k.grid, k.block,
+                        [[s.entry, s.grid, s.block, s.args] for s in k.stages]] for k in kernels])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

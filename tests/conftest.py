@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from compiler.layout_tune import CACHE_ENV as LAYOUT_CACHE_ENV
 from compiler.records.pretuned import TOPHUB_DIR as TOPHUB_LOGS
 from compiler.runtime.child import CACHE_ENV
 from compiler.runtime.device import Device
@@ -58,6 +59,12 @@ if CACHE_ENV not in os.environ:
     _RUN_KERNELS = tempfile.mkdtemp(prefix="tuner-test-kernels-")
     atexit.register(shutil.rmtree, _RUN_KERNELS, ignore_errors=True)
     os.environ[CACHE_ENV] = _RUN_KERNELS
+# Likewise the layout read-cost cache (``build(graph_tune=True)``, ``tuner compile
+# --graph-tune``): one file of the run's own, not ~/.cache/tuner/layout_costs.json.
+if LAYOUT_CACHE_ENV not in os.environ:
+    _RUN_LAYOUTS = tempfile.mkdtemp(prefix="tuner-test-layouts-")
+    atexit.register(shutil.rmtree, _RUN_LAYOUTS, ignore_errors=True)
+    os.environ[LAYOUT_CACHE_ENV] = os.path.join(_RUN_LAYOUTS, "layout_costs.json")
 
 TOPHUB_DIR = TOPHUB_LOGS
 

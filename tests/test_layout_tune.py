@@ -5,15 +5,21 @@ of greedy sweeps where residual edges join them, and beats per-layer greedy on a
 where the read (transform) cost dominates. On the OpenCL device: a conv graph with two
 layouts of records per layer, tuned with a constructed read cost and with measured
 ones, lowers to a program whose output equals the graph interpreter's, and measured
-read costs are cached (a second tuning times nothing).
+read costs are cached (a second tuning times nothing). The read-cost cache file: merged
+on save, started afresh when unreadable, keyed by the kernels' source, kept where XDG
+says (a test run's own file here).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import logging
+import os
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +27,9 @@ from conftest import nchwc_config
 
 from compiler.build_module import _residual_index, build, lower, plan_layouts, select_layers
 from compiler.ir import Graph, GraphBuilder, evaluate
+from compiler.ir.ops import node_epilogue
 from compiler.layout_tune import (
+    CACHE_ENV,
     DATA,
     RESIDUAL,
     Edge,
@@ -29,6 +37,8 @@ from compiler.layout_tune import (
     Problem,
     ReadCosts,
     _sweep,
+    default_cache,
+    layer_options,
     solve,
     tune_layouts,
 )
@@ -36,8 +46,8 @@ from compiler.passes import optimize
 from compiler.records import MemorySource
 from compiler.records.choose import Choice
 from compiler.runtime.device import Device
+from compiler.templates import Epilogue, IOLayout, Kernel, get_template
 from compiler.runtime.executor import GraphExecutor
-from compiler.templates import Epilogue
 from schemas import MeasureErrorNo, MeasureResult, Record, Workload
 
 WL = Workload(template="conv2d_NCHWc.x86", args=[])  # the pure tests never read it
@@ -57,6 +67,12 @@ def mismatch(seconds: float, options: list[list[Option]]):  # type: ignore[no-un
     return penalty
 
 
+def cheapest(problem: Problem) -> list[int]:
+    """Each layer's cheapest option alone (what ``select_layers`` takes)."""
+    return [min(range(len(opts)), key=lambda s, o=opts: o[s].cost)  # type: ignore[misc]
+            for opts in problem.options]
+
+
 def brute_force(problem: Problem, penalty) -> float:  # type: ignore[no-untyped-def]
     return min(problem.total(states, penalty)
                for states in itertools.product(*[range(len(o)) for o in problem.options]))
@@ -73,7 +89,7 @@ def test_dp_beats_greedy_where_the_transform_cost_dominates() -> None:
     ]
     problem = Problem(options, [Edge(0, 1, DATA), Edge(1, 2, DATA)], {(0, DATA): 0})
     penalty = mismatch(0.5e-3, options)
-    greedy = problem.greedy()
+    greedy = cheapest(problem)
     assert greedy == [0, 0, 0]
     states = solve(problem, penalty)
     assert states == [0, 2, 1]  # every read in its own block
@@ -105,7 +121,7 @@ def test_dp_is_exact_on_data_forests(seed: int) -> None:
 
     states = solve(problem, penalty)
     assert problem.total(states, penalty) == pytest.approx(brute_force(problem, penalty))
-    assert problem.total(states, penalty) <= problem.total(problem.greedy(), penalty) + 1e-15
+    assert problem.total(states, penalty) <= problem.total(cheapest(problem), penalty) + 1e-15
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -270,3 +286,77 @@ def test_cli_compile_graph_tune(device: Device, tmp_path: Path,
     assert result.exit_code == 0, result.output
     assert "graph tuning: " in result.output and "of 3 layers changed" in result.output
     assert (tmp_path / "reads.json").is_file()
+
+
+class FixedReads(ReadCosts):
+    """The real key, cache file and kernels, with a constant for the timed difference."""
+
+    def _paired(self, choice: Choice, epilogue: Epilogue, ios: tuple[IOLayout, IOLayout],
+                kernels: tuple[Kernel, Kernel]) -> float:
+        return 1e-4
+
+
+def chain_options(device: Device) -> list[tuple[Option, Epilogue]]:
+    """chain_graph's layers' first options, each with its layer's epilogue."""
+    graph = chain_graph()
+    source = layout_records(graph, device)
+    plan, _tasks, _choices = select_layers(graph, device.target, source, device.limits)
+    nodes = [n for n in graph.nodes if n in plan]
+    options = layer_options(nodes, source, device.target, device.limits)
+    return [(opts[0], node_epilogue(node)) for node, opts in zip(nodes, options) if opts]
+
+
+def other_block(option: Option) -> int:
+    return 16 if option.in_block == 8 else 8
+
+
+def test_the_read_cost_cache_merges_saves_and_survives_a_partial_file(
+        device: Device, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Two builds that opened the cache before either saved keep both entries; a partial
+    file (a build killed mid-write by an older version) is read as empty, with a warning."""
+    (a, ea), (b, eb) = chain_options(device)[:2]
+    cache = tmp_path / "reads.json"
+    cache.write_text('{"stale": 1.0, "cut')
+    with caplog.at_level(logging.WARNING, logger="compiler.layout_tune"):
+        first, second = FixedReads(device, cache), FixedReads(device, cache)
+    assert "unreadable layout read costs" in caplog.text
+    assert first.penalty(a, ea, DATA, other_block(a)) == 1e-4
+    assert second.penalty(b, eb, DATA, other_block(b)) == 1e-4
+    assert len(json.loads(cache.read_text())) == 2  # the second save kept the first's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reads.json"]  # no temp left
+    third = FixedReads(device, cache)
+    third.penalty(a, ea, DATA, other_block(a))
+    third.penalty(b, eb, DATA, other_block(b))
+    assert third.measured == 0
+
+
+def test_read_costs_are_measured_again_when_the_kernel_source_changes(
+        device: Device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (a, ea), *_ = chain_options(device)
+    cache = tmp_path / "reads.json"
+    FixedReads(device, cache).penalty(a, ea, DATA, other_block(a))
+    same = FixedReads(device, cache)
+    same.penalty(a, ea, DATA, other_block(a))
+    assert same.measured == 0
+    template = get_template(a.choice.workload.template)
+    codegen = template.codegen
+
+    def changed(*args: Any, **kwargs: Any) -> Kernel:  # a new version of the template
+        kernel = codegen(*args, **kwargs)
+        return dataclasses.replace(kernel, source=kernel.source + "\n// v2\n")
+
+    monkeypatch.setattr(template, "codegen", changed)
+    after = FixedReads(device, cache)
+    after.penalty(a, ea, DATA, other_block(a))
+    assert after.measured == 1
+
+
+def test_the_read_cost_cache_is_the_runs_own_and_follows_xdg(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """conftest pins the cache to a file of the test run's own; unpinned, it lives in
+    $XDG_CACHE_HOME/tuner, beside the kernel cache."""
+    assert os.environ.get(CACHE_ENV)
+    assert not default_cache().is_relative_to(Path.home() / ".cache")
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache() == tmp_path / "xdg" / "tuner" / "layout_costs.json"

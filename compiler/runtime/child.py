@@ -21,6 +21,13 @@ CACHE_ENV = "TUNER_KERNEL_CACHE"  # where compiled kernels are kept between proc
 POCL_CACHE_ENV = "POCL_CACHE_DIR"
 
 
+def cache_home() -> Path:
+    """The folder this project keeps its caches in: ``$XDG_CACHE_HOME/tuner``, else
+    ``~/.cache/tuner`` (the XDG default); one place, so every cache follows XDG alike."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tuner"
+
+
 def kernel_cache_dir() -> Path:
     """$TUNER_KERNEL_CACHE, else a POCL_CACHE_DIR the user set, else
     ``$XDG_CACHE_HOME/tuner/kernels`` (``~/.cache/tuner/kernels``)."""
@@ -28,8 +35,7 @@ def kernel_cache_dir() -> Path:
         value = os.environ.get(name)
         if value:
             return Path(value).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tuner" / "kernels"
+    return cache_home() / "kernels"
 
 
 def child_env() -> dict[str, str]:
