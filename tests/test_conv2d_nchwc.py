@@ -37,7 +37,7 @@ from conftest import (
 from compiler.runtime.device import Device
 from compiler.runtime.measure import MeasureRequest, measure
 from compiler.templates import ConfigError, Epilogue, WorkloadError, get_template
-from compiler.templates.conv2d_nchwc import DEFAULT_WG, default_vec
+from compiler.templates.conv2d_nchwc import DEFAULT_WG, default_reg_n, default_vec
 from schemas import Config, DeviceLimits, KnobEntity, MeasureOptions, Workload
 from schemas.record import read_lines
 
@@ -169,12 +169,22 @@ def test_default_config_fits_and_follows_the_x86_fallback() -> None:
         assert TEMPLATE.space(wl).normalize(config) == config
     k = TEMPLATE.decode(SWEEP["resnet50.conv1.7x7s2"],
                         TEMPLATE.default_config(SWEEP["resnet50.conv1.7x7s2"]))
-    assert k == {"tile_ic": (1, 3), "tile_oc": (4, 16), "tile_ow": (14, 8), "unroll_kw": True,
+    assert k == {"tile_ic": (1, 3), "tile_oc": (4, 16), "tile_ow": (28, 4), "unroll_kw": True,
                  "vec": 16, "wg": 1, "order_oc": 0, "unroll_ci": 1}
     # a 1x1 kernel's ci loop is unrolled by 2
     k = TEMPLATE.decode(SWEEP["resnet50.res5.1x1"],
                         TEMPLATE.default_config(SWEEP["resnet50.res5.1x1"]))
     assert (k["tile_ic"][1], k["tile_oh"], k["order_oc"], k["unroll_ci"]) == (16, 1, 0, 2)
+
+
+def test_default_reg_n_keeps_avx2_registers_free() -> None:
+    # 4-6 output x where OW has such a factor (<= 96 of 128 accumulators at oc_bn 16),
+    # else AutoTVM's largest factor up to 8
+    assert [default_reg_n(ow) for ow in (224, 112, 56, 28, 14, 7, 12, 5, 3, 1)] == [
+        4, 4, 4, 4, 7, 7, 6, 5, 3, 1]
+    for ow in range(1, 300):
+        reg_n = default_reg_n(ow)
+        assert ow % reg_n == 0 and reg_n <= 8
 
 
 def test_a_config_without_opencl_knobs_gets_their_defaults() -> None:

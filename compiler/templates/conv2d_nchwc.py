@@ -100,6 +100,19 @@ def default_vec(oc_bn: int) -> int:
     return max(v for v in VEC_CANDIDATES if oc_bn % v == 0)
 
 
+def default_reg_n(ow: int) -> int:
+    """reg_n of the default config: the largest factor of OW up to 6, or up to 8 when
+    that is below 4. With oc_bn 16, 6 x 16 accumulators fill 12 of AVX2's 16 vector
+    registers (MLAS's 6x16 tile), where AutoTVM's reg_n up to 8 (128 accumulators, all
+    16 registers, for AVX-512's 32) spills: on ResNet-50's layers the default config
+    ran 1.4-2.2x faster with reg_n 4 than 8 at OW 56 and 112, up to 2.1x than 7 at OW 28,
+    1.21-1.23x weighted over all of them (bench/direct_defaults.py).
+    OW 7 and 14 keep 7: their factors below it (1, 2) leave too little work per step
+    (reg_n 1 ran 0.5x)."""
+    reg_n = _largest_factor(ow, 6)
+    return reg_n if reg_n >= 4 else _largest_factor(ow, 8)
+
+
 class Conv2dNCHWc(Template):
     name = "conv2d_NCHWc.x86"
     thread_word, thread_one, group_word = "work-items", "work-item", "group"
@@ -172,18 +185,18 @@ class Conv2dNCHWc(Template):
 
     def default_config(self, workload: Workload) -> Config:
         """AutoTVM's x86 fallback, shaped for this kernel: oc_bn the largest factor of K
-        up to 16, ic_bn the largest factor of C up to oc_bn, reg_n the largest factor of
-        OW up to 8 (<= 128 accumulators: AVX-512 holds them in 8 registers), vec 16 (or
-        the largest that divides oc_bn), kw unrolled, one row, one work-item per group,
-        channel blocks outermost. A 1x1 kernel's ci loop is unrolled by 2 (when ic_bn is
-        even): its loop body has no kw copies to schedule loads under, and the unroll was
-        faster on every 1x1 row of ResNet-50 measured (bench/space.py); other kernels
-        keep it rolled."""
+        up to 16, ic_bn the largest factor of C up to oc_bn, reg_n by ``default_reg_n``
+        (4-6 output x where OW allows: AVX2's register file), vec 16 (or the largest
+        that divides oc_bn; 8 measured no faster on AVX2), kw unrolled, one row, one
+        work-item per group, channel blocks outermost. A 1x1 kernel's ci loop is unrolled by
+        2 (when ic_bn is even): its loop body has no kw copies to schedule loads under, and
+        the unroll was faster on every 1x1 row of ResNet-50 measured (bench/space.py); other
+        kernels keep it rolled."""
         op = self.parse(workload)
         space = self.space(workload)
         oc_bn = _largest_factor(op.co, 16)
         ic_bn = _largest_factor(op.c, oc_bn)
-        reg_n = _largest_factor(op.ow, 8)
+        reg_n = default_reg_n(op.ow)
         one_by_one = op.kh == 1 and op.kw == 1
         values: dict[str, Any] = {
             "tile_ic": (op.c // ic_bn, ic_bn),
