@@ -1,0 +1,180 @@
+"""Whole models on the CPU against onnxruntime, op by op (issue 17): where the time goes
+in a build that gives each conv layer the best CPU template by its DEFAULT config.
+
+Per light model of the onnx package (random weights, up to the logits), in one run:
+
+1. two builds: the default build (``conv2d_NCHWc.x86``'s default config everywhere, what
+   an untuned build does today) and the "best-template" build: Winograd's default config
+   on every 3x3 stride-1 layer, the 1x1 template's on every 1x1 layer without padding,
+   the direct template elsewhere (each offered as this device's fastest record, so the
+   build takes it); both outputs checked against onnxruntime's;
+2. onnxruntime and both builds timed in alternating rounds (medians, ms per run);
+3. the best-template build's device time per step (each step's minimum over ``--rounds``
+   profiles), summed per conv workload (all layers running it) or per other op kind;
+   the top ``--top`` rows with their share, and for conv rows onnxruntime's Conv on the
+   same shape and arrays (a one-node model, as bench/layers.py; its output checked
+   against numpy) times the row's layer count, and our time / onnxruntime's.
+
+Our per-step times include the fused epilogue (bias, residual, relu); onnxruntime's Conv
+row is the bare conv, so a ratio a few percent over 1.0 may be the epilogue.
+
+    .venv/bin/python bench/model_ops.py --models resnet50,vgg19,densenet121 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+from common import cpu_model, git_revision, host_seconds, onnxruntime_conv
+from models import onnxruntime_timer
+from winograd import without_final_softmax
+
+from compiler.build_module import Module, build, load_graph
+from compiler.frontend.samples import LIGHT_MODELS, light_path, runner_input, with_random_weights
+from compiler.passes import optimize
+from compiler.records import MemorySource
+from compiler.runtime import Device, open_device
+from compiler.runtime.measure import max_abs_error_ok
+from compiler.tasks import CONV1X1_CPU, DENSE_CPU, WINOGRAD_CPU, extract_tasks
+from compiler.templates import Epilogue, get_template
+from compiler.templates.ops import Conv2dOp
+from schemas import MeasureErrorNo, MeasureOptions, MeasureResult, Record, Workload
+
+CHECK = MeasureOptions(number=1, repeat=1, min_repeat_ms=0)
+BEST_TEMPLATES = (WINOGRAD_CPU, CONV1X1_CPU)
+
+
+def default_records(module_tasks: list, device: Device) -> list[Record]:
+    """Each Winograd/1x1 task's default config as this device's fastest record."""
+    return [Record(target=device.target, workload=t.workload,
+                   config=get_template(t.template).default_config(t.workload),
+                   result=MeasureResult(costs=(1e-9,), error_no=MeasureErrorNo.NO_ERROR))
+            for t in module_tasks if t.template in BEST_TEMPLATES]
+
+
+def step_minima(modules: dict[str, Module], rounds: int) -> dict[str, list[float]]:
+    """Per build, each step's minimum device seconds over ``rounds`` profiles in turn."""
+    best: dict[str, list[float]] = {label: [] for label in modules}
+    for _ in range(rounds):
+        for label, module in modules.items():
+            seconds = [s.seconds for s in module.profile(number=1)]
+            best[label] = [min(a, b) for a, b in zip(best[label], seconds)] or seconds
+    return best
+
+
+def ort_conv_seconds(workload: Workload) -> float:
+    """onnxruntime's Conv on ``workload``'s shape, output checked against numpy."""
+    template = get_template(workload.template)
+    op = template.parse(workload)
+    arrays = template.make_inputs(workload, Epilogue(), np.random.default_rng(0))
+    want = template.reference(workload, arrays)
+    run = onnxruntime_conv(op, arrays[1], os.cpu_count() or 1)
+    ok, why = max_abs_error_ok(run(arrays[0]), want, CHECK)
+    if not ok:
+        raise SystemExit(f"onnxruntime's Conv differs from numpy on {workload.args[:2]}: {why}")
+    return host_seconds(lambda: run(arrays[0]), number=1, repeat=3, min_repeat_ms=50)
+
+
+def label_of(workload: Workload) -> str:
+    op = get_template(workload.template).parse(workload)
+    if not isinstance(op, Conv2dOp):
+        return f"{workload.template} {workload.args[0][1]} x {workload.args[1][1]}"
+    short = {WINOGRAD_CPU: "wino", CONV1X1_CPU: "1x1"}.get(workload.template, "direct")
+    return (f"{short} {op.c}->{op.co} {op.kh}x{op.kw} s{op.stride[0]} "
+            f"{op.input_shapes[0][2]}x{op.input_shapes[0][3]}")
+
+
+def model_main(device: Device, name: str, rounds: int, top: int) -> None:
+    import onnx
+
+    model = without_final_softmax(with_random_weights(onnx.load(light_path(name)),
+                                                      seed=LIGHT_MODELS.index(name)))
+    x = np.random.default_rng(1).uniform(0, 1, size=runner_input(model).shape)
+    x = x.astype(np.float32)
+    ort_run, ort_seconds = onnxruntime_timer(model, x)
+    want = ort_run()
+    graph = optimize(load_graph(model))
+    records = default_records(extract_tasks(graph, device.target), device)
+    modules = {"default build": build(graph, device=device, optimized=True),
+               "best-template build": build(graph, device=device, optimized=True,
+                                            records=MemorySource(records))}
+    scale = float(np.abs(want).max())
+    for label, module in modules.items():
+        (got,) = module.run([x])
+        err = float(np.abs(got - want).max()) / scale
+        if not np.allclose(got, want, rtol=1e-3, atol=1e-5 * scale):
+            raise SystemExit(f"{name} {label} disagrees with onnxruntime: {err:.2e} of max")
+    best = modules["best-template build"]
+    by_template = defaultdict(int)
+    for t in best.tasks:
+        by_template[t.template] += len(t.layers)
+    print(f"\n## {name}: outputs match onnxruntime; best-template build's conv layers: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(by_template.items())))
+
+    costs: dict[str, list[float]] = {"onnxruntime": [], **{k: [] for k in modules}}
+    for _ in range(rounds):
+        costs["onnxruntime"].append(ort_seconds(2))
+        for label, module in modules.items():
+            costs[label] += module.benchmark(number=2, repeat=1).costs
+    med = {k: statistics.median(v) for k, v in costs.items()}
+    print(f"\nms per run, medians of {rounds} alternating rounds, load "
+          f"{os.getloadavg()[0]:.1f}\n")
+    print("| model | onnxruntime | default build | best-template build | default / ort "
+          "| best-template / ort |")
+    print("|---|---:|---:|---:|---:|---:|")
+    o, d, b = med["onnxruntime"], med["default build"], med["best-template build"]
+    print(f"| {name} | {o * 1e3:.1f} | {d * 1e3:.1f} | {b * 1e3:.1f} | {d / o:.2f}x "
+          f"| {b / o:.2f}x |")
+
+    minima = step_minima({"best": best}, rounds)["best"]
+    layer_workload = {layer: t.workload for t in best.tasks for layer in t.layers}
+    rows: dict[str, list] = {}  # label -> [seconds, steps, workload or None]
+    for step, seconds in zip(best.program.steps, minima):
+        op, _, node = step.name.partition(" ")
+        wl = layer_workload.get(node)
+        key = label_of(wl) if wl is not None else op
+        if wl is not None and wl.template == DENSE_CPU:
+            wl = None  # no onnxruntime Conv to compare with
+        row = rows.setdefault(key, [0.0, 0, wl])
+        row[0] += seconds
+        row[1] += 1
+    total = sum(minima)
+    print(f"\nbest-template build, device time per op (step minima over {rounds} profiles, "
+          f"sum {total * 1e3:.1f} ms), top {top}; onnxruntime Conv x layers, load "
+          f"{os.getloadavg()[0]:.1f}\n")
+    print("| op | steps | ms | share | ort Conv ms | ours / ort |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for key, (seconds, steps, wl) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]:
+        if wl is None:
+            ort, ratio = "-", "-"
+        else:
+            ort_s = ort_conv_seconds(wl) * steps
+            ort, ratio = f"{ort_s * 1e3:.2f}", f"{seconds / ort_s:.2f}x"
+        print(f"| {key} | {steps} | {seconds * 1e3:.2f} | {seconds / total * 100:.1f}% "
+              f"| {ort} | {ratio} |", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="resnet50,vgg19,densenet121")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--top", type=int, default=10)
+    args = p.parse_args(argv)
+    device = open_device()
+    print(f"# bench/model_ops.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device.info.name} | "
+          f"{git_revision()}")
+    for name in args.models.split(","):
+        model_main(device, name, args.rounds, args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
