@@ -55,6 +55,7 @@ the loops as they were, and the same ``index``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -265,24 +266,10 @@ class Conv2dNCHWc(Template):
     def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue,
                  io: IOLayout = IOLayout()) -> Kernel:
         p = _Plan(op, knobs)
-        for rule in (_vec_rule(p), _unroll_rule(p)):
-            if not rule.ok:
-                raise ConfigError(rule.message_at(0))
-        if io.residual_block and "add" not in epilogue.ops:
-            raise ValueError(f"residual_block {io.residual_block}: the epilogue "
-                             f"{epilogue.ops} reads no residual")
-        out_shape = op.output_shape
-        data_shape = blocked_shape(op.input_shapes[0], io.data_block, "data")
-        out_phys = blocked_shape(out_shape, io.out_block, "output")
-        residual_shape = blocked_shape(out_shape, io.residual_block, "residual")
-        extra = epilogue_buffers(epilogue, out_shape, 1, residual_shape)
+        buffers, extra = blocked_io_buffers(
+            op, epilogue, io, (p.kb, p.cb, op.kh, op.kw, p.ic_bn, p.oc_bn),
+            (_vec_rule(p), _unroll_rule(p)))
         source = _Source(op, p, epilogue, [b.name for b in extra], io).lines()
-        buffers = (
-            Buffer("data", data_shape),
-            Buffer("weight", (p.kb, p.cb, op.kh, op.kw, p.ic_bn, p.oc_bn)),
-            *extra,
-            Buffer("out", out_phys, role="out"),
-        )
         return Kernel(
             source="\n".join(source) + "\n",
             entry=ENTRY,
@@ -311,6 +298,30 @@ def _with_opencl_defaults(space: ConfigSpace, config: Config) -> Config:
     entity = (*config.entity, KnobEntity(name="vec", kind="ot", value=default_vec(oc_bn)),
               KnobEntity(name="wg", kind="ot", value=DEFAULT_WG))
     return config.model_copy(update={"entity": entity})
+
+
+def blocked_io_buffers(op: Conv2dOp, epilogue: Epilogue, io: IOLayout,
+                       weight_shape: tuple[int, ...], rules: Iterable[Rule]
+                       ) -> tuple[tuple[Buffer, ...], list[Buffer]]:
+    """The buffers every blocked-IO CPU conv kernel takes (data, packed weight, the
+    epilogue's, out: the layouts they chain in), after the config's codegen rules:
+    (buffers, the epilogue's buffers). Raises ConfigError for a rule the config breaks."""
+    for rule in rules:
+        if not rule.ok:
+            raise ConfigError(rule.message_at(0))
+    if io.residual_block and "add" not in epilogue.ops:
+        raise ValueError(f"residual_block {io.residual_block}: the epilogue "
+                         f"{epilogue.ops} reads no residual")
+    out_shape = op.output_shape
+    residual_shape = blocked_shape(out_shape, io.residual_block, "residual")
+    extra = epilogue_buffers(epilogue, out_shape, 1, residual_shape)
+    buffers = (
+        Buffer("data", blocked_shape(op.input_shapes[0], io.data_block, "data")),
+        Buffer("weight", weight_shape),
+        *extra,
+        Buffer("out", blocked_shape(out_shape, io.out_block, "output"), role="out"),
+    )
+    return buffers, extra
 
 
 class _Plan:

@@ -50,7 +50,6 @@ from typing import Any
 import numpy as np
 
 from compiler.templates.base import (
-    Buffer,
     Epilogue,
     IOLayout,
     Kernel,
@@ -58,17 +57,15 @@ from compiler.templates.base import (
     Template,
     Usage,
     WorkloadError,
-    blocked_shape,
     ceil_div,
-    epilogue_buffers,
     factors,
     log2,
     split_features,
 )
-from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT
+from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT, blocked_io_buffers
 from compiler.templates.emit import indent, signature
 from compiler.templates.ops import Conv2dOp
-from compiler.templates.space import ConfigError, ConfigSpace, OtherKnob, SplitKnob
+from compiler.templates.space import ConfigSpace, OtherKnob, SplitKnob
 from schemas import Config, Workload
 
 TILE_P = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
@@ -178,21 +175,7 @@ class Conv2dNCHWc1x1(Template):
     def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue,
                  io: IOLayout = IOLayout()) -> Kernel:
         p = _Plan(op, knobs)
-        for rule in _rules(p):
-            if not rule.ok:
-                raise ConfigError(rule.message_at(0))
-        if io.residual_block and "add" not in epilogue.ops:
-            raise ValueError(f"residual_block {io.residual_block}: the epilogue "
-                             f"{epilogue.ops} reads no residual")
-        out_shape = op.output_shape
-        residual_shape = blocked_shape(out_shape, io.residual_block, "residual")
-        extra = epilogue_buffers(epilogue, out_shape, 1, residual_shape)
-        buffers = (
-            Buffer("data", blocked_shape(op.input_shapes[0], io.data_block, "data")),
-            Buffer("weight", (p.kb, op.c, p.oc_bn)),
-            *extra,
-            Buffer("out", blocked_shape(out_shape, io.out_block, "output"), role="out"),
-        )
+        buffers, extra = blocked_io_buffers(op, epilogue, io, (p.kb, op.c, p.oc_bn), _rules(p))
         source = _Source(op, p, epilogue, [b.name for b in extra], io).lines()
         return Kernel(
             source="\n".join(source) + "\n",
@@ -377,7 +360,7 @@ class _Source:
         """Each pixel's accumulators through the epilogue: vector stores (and a vector
         epilogue) into NCHW[oc_bn]c, lane by lane into any other layout; pixels past the
         image (the last block's) are not stored."""
-        op, p, io, ep = self.op, self.p, self.io, self.epilogue
+        p, io, ep = self.p, self.io, self.epilogue
         bn, ob, rb = p.oc_bn, io.out_block, io.residual_block
         vector = (ob == bn and p.vec > 1 and ep.vectorizable
                   and ("add" not in ep.ops or rb == bn))

@@ -55,14 +55,12 @@ from compiler.templates.base import (
     Stage,
     Template,
     Usage,
-    blocked_shape,
     ceil_div,
-    epilogue_buffers,
     factors,
     log2,
     split_features,
 )
-from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT
+from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT, blocked_io_buffers
 from compiler.templates.conv2d_winograd import (
     KERNEL_SIZE,
     WinogradOp,
@@ -73,7 +71,7 @@ from compiler.templates.conv2d_winograd import (
 )
 from compiler.templates.emit import indent, signature
 from compiler.templates.ops import Conv2dOp
-from compiler.templates.space import ConfigError, ConfigSpace, OtherKnob, SplitKnob
+from compiler.templates.space import ConfigSpace, OtherKnob, SplitKnob
 from schemas import Config, Workload
 
 TILE_SIZES = (2, 4)
@@ -212,21 +210,7 @@ class Conv2dNCHWcWinograd(Template):
     def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue,
                  io: IOLayout = IOLayout()) -> Kernel:
         p = _Plan(op, knobs)
-        for rule in _rules(p):
-            if not rule.ok:
-                raise ConfigError(rule.message_at(0))
-        if io.residual_block and "add" not in epilogue.ops:
-            raise ValueError(f"residual_block {io.residual_block}: the epilogue "
-                             f"{epilogue.ops} reads no residual")
-        out_shape = op.output_shape
-        residual_shape = blocked_shape(out_shape, io.residual_block, "residual")
-        extra = epilogue_buffers(epilogue, out_shape, 1, residual_shape)
-        buffers = (
-            Buffer("data", blocked_shape(op.input_shapes[0], io.data_block, "data")),
-            Buffer("weight", (p.kb, p.a2, op.c, p.oc_bn)),
-            *extra,
-            Buffer("out", blocked_shape(out_shape, io.out_block, "output"), role="out"),
-        )
+        buffers, extra = blocked_io_buffers(op, epilogue, io, (p.kb, p.a2, op.c, p.oc_bn), _rules(p))
         scratch = (Buffer("V", (p.a2, p.tiles, op.c), role="scratch"),
                    Buffer("M", (p.a2, p.tiles, op.co), role="scratch"))
         v_arg, m_arg, out_arg = len(buffers), len(buffers) + 1, len(buffers) - 1
