@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from compiler.layout_tune import CACHE_ENV as LAYOUT_CACHE_ENV
@@ -28,10 +29,12 @@ from compiler.runtime.measure import MeasureRequest
 from compiler.templates import (
     ConfigError,
     Epilogue,
+    IOLayout,
     Template,
     WorkloadError,
     get_template,
 )
+from compiler.templates.base import blocked_shape, from_blocked, to_blocked
 from schemas import Config, DeviceLimits, MeasureResult, Record, Workload
 from schemas.record import read_lines
 
@@ -158,6 +161,29 @@ CONV = "conv2d_nchw.cuda"
 CONV_CPU = "conv2d_NCHWc.x86"
 DENSE_SMALL = "dense_small_batch.gpu"
 DENSE_LARGE = "dense_large_batch.gpu"
+
+
+def run_blocked(device: Device, template: Template, wl: Workload, cfg: Config,
+                epilogue: Epilogue, io: IOLayout) -> tuple[np.ndarray, np.ndarray]:
+    """A blocked-IO CPU conv kernel's output (back in NCHW) and numpy's, for inputs in
+    ``io``'s layouts; the output starts as NaN, so a pixel left unwritten shows."""
+    arrays = template.make_inputs(wl, epilogue, np.random.default_rng(5))
+    want = template.reference(wl, arrays, epilogue)
+    kernel = template.codegen(wl, cfg, device.dialect, epilogue, io)
+    inputs = [to_blocked(arrays[0], io.data_block), template.pack_weight(wl, cfg, arrays[1])]
+    if "bias" in epilogue.ops:
+        inputs.append(arrays[2])
+    if "add" in epilogue.ops:
+        inputs.append(to_blocked(arrays[-1], io.residual_block))
+    assert [a.shape for a in inputs] == [b.shape for b in kernel.buffers[:-1]]
+    out_shape = kernel.buffers[-1].shape
+    assert out_shape == blocked_shape(want.shape, io.out_block)
+    program = device.build(kernel)
+    buffers = [device.upload(np.ascontiguousarray(a)) for a in inputs]
+    out = device.alloc(out_shape)
+    device.write(out, np.full(out_shape, np.nan, dtype=np.float32))
+    device.run(program, kernel, [*buffers, out])
+    return from_blocked(device.download(out, out_shape), io.out_block), want
 
 
 def nchwc_workload(n: int, c: int, hw: int, co: int, k: int, stride: int, pad: int) -> Workload:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import run_blocked
 
 from compiler.build_module import build, select_layers
 from compiler.ir import GraphBuilder, evaluate
@@ -23,9 +24,20 @@ from compiler.passes import optimize
 from compiler.records import THIS_DEVICE, MemorySource
 from compiler.runtime.device import Device
 from compiler.runtime.measure import MeasureRequest, max_abs_error_ok, measure
-from compiler.tasks import CONV1X1_CPU, CONV_CPU, candidates, extract_tasks, tuning_candidates
-from compiler.templates import ConfigError, Epilogue, IOLayout, WorkloadError, get_template
-from compiler.templates.base import blocked_shape, from_blocked, to_blocked
+from compiler.tasks import (
+    CONV1X1_CPU,
+    CONV_CPU,
+    candidates,
+    extract_tasks,
+    tuning_candidates,
+)
+from compiler.templates import (
+    ConfigError,
+    Epilogue,
+    IOLayout,
+    WorkloadError,
+    get_template,
+)
 from schemas import (
     Config,
     DeviceLimits,
@@ -174,28 +186,6 @@ def test_compiler_extracts_the_task_beside_the_direct_one_on_a_cpu() -> None:
 
 # ---- on the OpenCL device ----
 
-def run(device: Device, wl: Workload, cfg: Config, epilogue: Epilogue,
-        io: IOLayout) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's output (back in NCHW) and numpy's, for inputs in ``io``'s layouts."""
-    arrays = TEMPLATE.make_inputs(wl, epilogue, np.random.default_rng(5))
-    want = TEMPLATE.reference(wl, arrays, epilogue)
-    kernel = TEMPLATE.codegen(wl, cfg, device.dialect, epilogue, io)
-    inputs = [to_blocked(arrays[0], io.data_block), TEMPLATE.pack_weight(wl, cfg, arrays[1])]
-    if "bias" in epilogue.ops:
-        inputs.append(arrays[2])
-    if "add" in epilogue.ops:
-        inputs.append(to_blocked(arrays[-1], io.residual_block))
-    assert [a.shape for a in inputs] == [b.shape for b in kernel.buffers[:-1]]
-    out_shape = kernel.buffers[-1].shape
-    assert out_shape == blocked_shape(want.shape, io.out_block)
-    program = device.build(kernel)
-    buffers = [device.upload(np.ascontiguousarray(a)) for a in inputs]
-    out = device.alloc(out_shape)
-    device.write(out, np.full(out_shape, np.nan, dtype=np.float32))
-    device.run(program, kernel, [*buffers, out])
-    return from_blocked(device.download(out, out_shape), io.out_block), want
-
-
 # (workload, knobs, epilogue, layout): stride 1, 2 and (2, 1); odd, non-square images;
 # two images; C and K not multiples of 8 or 16; a register block that divides the pixels
 # and ones that do not (the contiguous path with a per-pixel tail, or per-pixel pointers
@@ -228,7 +218,7 @@ def test_kernel_matches_numpy(device: Device, case: int) -> None:
     wl, knobs, epilogue, io = CASES[case]
     cfg = config(wl, **knobs)
     assert TEMPLATE.check_limits(wl, cfg, CPU_LIMITS) == []
-    got, want = run(device, wl, cfg, epilogue, io)
+    got, want = run_blocked(device, TEMPLATE, wl, cfg, epilogue, io)
     ok, why = max_abs_error_ok(got, want, CHECK)
     assert ok, f"{knobs} {epilogue.ops} {io}: {why}"
 

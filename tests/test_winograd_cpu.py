@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import needs_nvcc, nvcc_ptx
+from conftest import needs_nvcc, nvcc_ptx, run_blocked
 
 from compiler.build_module import build, select_layers
 from compiler.ir import GraphBuilder, evaluate
@@ -27,11 +27,22 @@ from compiler.passes import optimize
 from compiler.records import THIS_DEVICE, MemorySource
 from compiler.runtime.device import Device
 from compiler.runtime.measure import MeasureRequest, max_abs_error_ok, measure
-from compiler.tasks import CONV1X1_CPU, CONV_CPU, WINOGRAD_CPU, candidates, extract_tasks
-from compiler.templates import ConfigError, Epilogue, IOLayout, WorkloadError, get_template
-from compiler.templates.base import blocked_shape, from_blocked, to_blocked
-from compiler.templates.conv2d_winograd import pack_filter
+from compiler.tasks import (
+    CONV1X1_CPU,
+    CONV_CPU,
+    WINOGRAD_CPU,
+    candidates,
+    extract_tasks,
+)
+from compiler.templates import (
+    ConfigError,
+    Epilogue,
+    IOLayout,
+    WorkloadError,
+    get_template,
+)
 from compiler.templates.conv2d_nchwc_winograd import winograd_op
+from compiler.templates.conv2d_winograd import pack_filter
 from schemas import (
     Config,
     DeviceLimits,
@@ -165,28 +176,6 @@ def test_compiler_extracts_the_task_beside_the_direct_one() -> None:
 
 # ---- on the OpenCL device ----
 
-def run(device: Device, wl: Workload, cfg: Config, epilogue: Epilogue,
-        io: IOLayout) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's output (back in NCHW) and numpy's, for inputs in ``io``'s layouts."""
-    arrays = TEMPLATE.make_inputs(wl, epilogue, np.random.default_rng(5))
-    want = TEMPLATE.reference(wl, arrays, epilogue)
-    kernel = TEMPLATE.codegen(wl, cfg, device.dialect, epilogue, io)
-    inputs = [to_blocked(arrays[0], io.data_block), TEMPLATE.pack_weight(wl, cfg, arrays[1])]
-    if "bias" in epilogue.ops:
-        inputs.append(arrays[2])
-    if "add" in epilogue.ops:
-        inputs.append(to_blocked(arrays[-1], io.residual_block))
-    assert [a.shape for a in inputs] == [b.shape for b in kernel.buffers[:-1]]
-    out_shape = kernel.buffers[-1].shape
-    assert out_shape == blocked_shape(want.shape, io.out_block)
-    program = device.build(kernel)
-    buffers = [device.upload(np.ascontiguousarray(a)) for a in inputs]
-    out = device.alloc(out_shape)
-    device.write(out, np.full(out_shape, np.nan, dtype=np.float32))
-    device.run(program, kernel, [*buffers, out])
-    return from_blocked(device.download(out, out_shape), io.out_block), want
-
-
 # (workload, knobs, epilogue, layout): both tile sizes; padding 1 and 0; odd and
 # non-square H x W (cropped last tiles); two images; C and K not multiples of 8 or 16;
 # vec 1 (plain floats), gathered and vector-loaded input lanes; a register block that
@@ -216,7 +205,7 @@ def test_kernel_matches_numpy(device: Device, case: int) -> None:
     wl, knobs, epilogue, io = CASES[case]
     cfg = config(wl, **knobs)
     assert TEMPLATE.check_limits(wl, cfg, CPU_LIMITS) == []
-    got, want = run(device, wl, cfg, epilogue, io)
+    got, want = run_blocked(device, TEMPLATE, wl, cfg, epilogue, io)
     ok, why = max_abs_error_ok(got, want, CHECK)
     assert ok, f"{knobs} {epilogue.ops} {io}: {why}"
 
