@@ -160,20 +160,24 @@ def select_layers(graph: Graph, target: Target, records: RecordSource | None,
     """Each conv2d/dense layer's template and config (TVM's select_implementation): of
     its candidates, the one with the fastest record measured on this device; else the
     first (in the device class's order) with another device's record; else the
-    preferred candidate's default. Also the chosen tasks and their choices, for the
-    report."""
+    preferred candidate's default. On a CPU only the preferred candidate's record from
+    another device counts: its candidates are ordered by how fast their defaults run
+    here, and the preferred default beat TopHub's records of the other templates (other
+    CPUs' direct ones on Winograd layers, GPUs' 5-100x slower;
+    bench/default_choice.py). Also the chosen tasks and their choices, for the report."""
     every = extract_tasks(graph, target, every_candidate=True)
     found = choose_configs([t.workload for t in every], records, target, limits)
     by_key = {t.workload.key: c for t, c in zip(every, found)}
     plan: dict[Node, Choice] = {}
     tasks: dict[str, Task] = {}
     live = graph.live()
+    cpu = target.device_class == "cpu"
     for node in graph.nodes:
         options = [by_key[w.key] for w in candidates(node, target)] if id(node) in live else []
         if not options:
             continue
         measured = [c for c in options if c.cost is not None]
-        others = [c for c in options if c.source == OTHER_DEVICE]
+        others = [c for c in (options[:1] if cpu else options) if c.source == OTHER_DEVICE]
         choice = (min(measured, key=lambda c: c.cost or 0.0) if measured
                   else others[0] if others else options[0])
         plan[node] = choice

@@ -5,11 +5,14 @@ A layer has one candidate per template that computes it, in the order the device
 prefers (TVM's op strategy): ``conv2d_NCHWc.x86`` then ``conv2d_nchw.cuda`` on a CPU,
 the reverse on a GPU; 3x3 stride-1 layers add both Winograd templates after them
 (``conv2d_nchw_winograd.cuda``, then ``conv2d_NCHWc_winograd.x86``), 1x1 layers without
-padding the CPU packed-GEMM template ``conv2d_NCHWc_1x1.x86``. Tuning takes the
-preferred one and the device class's Winograd (on a CPU also the 1x1 template); a build
-takes, per layer, the candidate with the fastest record measured on this device (TVM's
-select_implementation), else the first with any usable record, else the preferred one's
-default config.
+padding the CPU packed-GEMM template ``conv2d_NCHWc_1x1.x86``. On a CPU the template
+whose default config runs fastest comes first (``_cpu_preferred``): Winograd on 3x3
+stride-1 layers of at least ``WINOGRAD_MIN_CHANNELS`` input channels (issue 17: untuned
+ResNet-50 and DenseNet-121 1.2-1.3x faster), the direct one elsewhere. Tuning takes the
+preferred one and the device class's other templates (on a CPU the direct, Winograd and
+1x1 ones; on a GPU Winograd); a build takes, per layer, the candidate with the fastest
+record measured on this device (TVM's select_implementation), else another device's
+record (on a CPU only the preferred template's), else the preferred one's default.
 Layers with equal workloads (ResNet repeats its blocks) are one task: tuned once, used
 everywhere.
 """
@@ -32,6 +35,12 @@ DENSE_SMALL, DENSE_LARGE, DENSE_CPU = ("dense_small_batch.gpu", "dense_large_bat
                                        "dense_pack.x86")
 # AutoTVM's CUDA strategy switches dense to the tiled schedule from this batch size on.
 LARGE_BATCH = 32
+# Below this many input channels Winograd's transforms cost more than its saved
+# multiplies (the C=3 stem): the direct template stays first there.
+WINOGRAD_MIN_CHANNELS = 16
+# The templates tuning covers on each device class (besides the preferred one).
+TUNED_CPU = frozenset({CONV_CPU, WINOGRAD_CPU, CONV1X1_CPU})
+TUNED_GPU = frozenset({WINOGRAD})
 
 
 @dataclass
@@ -98,14 +107,30 @@ def _conv_candidates(node: Node, cpu: bool) -> list[Workload]:
         found.append(Workload(template=WINOGRAD_CPU, args=host.args))
     if _one_by_one_fits(node):
         found.append(Workload(template=CONV1X1_CPU, args=host.args))
+    if cpu:
+        first = _cpu_preferred(node)
+        found.sort(key=lambda w: w.template != first)  # stable: the rest keep their order
     return found
 
 
+def _cpu_preferred(node: Node) -> str:
+    """The CPU template whose default config runs ``node`` fastest (issue 17;
+    bench/default_choice.py, bench/winograd.py --cpu): Winograd on 3x3 stride-1 layers
+    with enough input channels to pay for its transforms, the direct template elsewhere.
+    Not the 1x1 template: its default ran at 0.82-1.01x the direct default's speed on
+    ResNet-50's 1x1 layers once the direct default kept AVX2's registers (bench/conv1x1.py,
+    CPU seconds), so a build takes it only where its record measured faster."""
+    if _winograd_fits(node) and node.inputs[0].ty.shape[1] >= WINOGRAD_MIN_CHANNELS:
+        return WINOGRAD_CPU
+    return CONV_CPU
+
+
 def candidates(node: Node, target: Target | None = None) -> list[Workload]:
-    """The template workloads that can compute ``node``, preferred first (Winograd, for
-    3x3 stride-1 layers, and the 1x1 template after the direct ones); empty for ops no
-    template covers (a grouped conv other than depthwise runs a plain kernel;
-    ``fuse_ops`` splits float ones into per-group convs, which templates cover)."""
+    """The template workloads that can compute ``node``, preferred first (on a CPU the
+    template ``_cpu_preferred`` names, then the direct ones, Winograd's and the 1x1
+    one); empty for ops no template covers (a grouped conv other than depthwise runs a
+    plain kernel; ``fuse_ops`` splits float ones into per-group convs, which templates
+    cover)."""
     cpu = target is not None and target.device_class == "cpu"
     # CPU templates pack the weight at build time: only a constant weight can be packed
     packable = node.inputs[1].is_const if len(node.inputs) > 1 else False
@@ -122,13 +147,13 @@ def candidates(node: Node, target: Target | None = None) -> list[Workload]:
 
 
 def tuning_candidates(node: Node, target: Target | None = None) -> list[Workload]:
-    """What tuning covers for ``node``: the preferred workload, and the device class's
-    Winograd too where it applies (``conv2d_NCHWc_winograd.x86`` on a CPU, the GPU one
-    elsewhere), on a CPU the 1x1 template too, so a build can take whichever of them
+    """What tuning covers for ``node``, preferred first (what an untuned or partly tuned
+    build runs): on a CPU the direct, Winograd and 1x1 templates where they apply, on a
+    GPU the preferred template and Winograd, so a build can take whichever of them
     measured faster."""
     found = candidates(node, target)
     cpu = target is not None and target.device_class == "cpu"
-    extra = {WINOGRAD_CPU, CONV1X1_CPU} if cpu else {WINOGRAD}
+    extra = TUNED_CPU if cpu else TUNED_GPU
     return found[:1] + [w for w in found[1:] if w.template in extra]
 
 

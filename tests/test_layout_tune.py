@@ -46,6 +46,7 @@ from compiler.passes import optimize
 from compiler.records import MemorySource
 from compiler.records.choose import Choice
 from compiler.runtime.device import Device
+from compiler.tasks import CONV_CPU, candidates
 from compiler.templates import Epilogue, IOLayout, Kernel, get_template
 from compiler.runtime.executor import GraphExecutor
 from schemas import MeasureErrorNo, MeasureResult, Record, Workload
@@ -179,7 +180,8 @@ def layout_record_list(graph: Graph, device: Device) -> list[Record]:
     plan, _tasks, _choices = select_layers(graph, device.target, None, device.limits)
     records = []
     for i, node in enumerate(n for n in graph.nodes if n in plan):
-        wl = plan[node].workload
+        # the direct template's (an untuned CPU build prefers Winograd / 1x1 on some)
+        wl = next(w for w in candidates(node, device.target) if w.template == CONV_CPU)
         cin = node.inputs[0].ty.shape[1]
         for block in (8, 16):
             ic = block if cin % block == 0 else cin

@@ -1,16 +1,22 @@
 """Which template each layer runs (TVM's select_implementation): the candidate with the
-fastest record measured on this device; else one with another device's record; else
-the device class's preferred template with its default config."""
+fastest record measured on this device; else one with another device's record (on a
+CPU only the preferred template's); else the device class's preferred template with
+its default config. On a CPU the preferred template is the one whose default runs
+fastest: Winograd on 3x3 stride-1 layers of >= 16 input channels, the direct one
+elsewhere, 1x1 layers included (issue 17)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from compiler.build_module import select_layers
-from compiler.ir import GraphBuilder
+from compiler.build_module import build, select_layers
+from compiler.ir import GraphBuilder, evaluate
 from compiler.passes import optimize
 from compiler.records import DEFAULT, OTHER_DEVICE, THIS_DEVICE, MemorySource
+from compiler.runtime.device import Device
 from compiler.tasks import (
+    CONV1X1_CPU,
     CONV_CPU,
     CONV_GPU,
     DENSE_CPU,
@@ -18,11 +24,20 @@ from compiler.tasks import (
     DEPTHWISE,
     WINOGRAD,
     WINOGRAD_CPU,
+    WINOGRAD_MIN_CHANNELS,
     candidates,
     extract_tasks,
+    tuning_candidates,
 )
 from compiler.templates import get_template
-from schemas import DeviceLimits, MeasureErrorNo, MeasureResult, Record, Target, Workload
+from schemas import (
+    DeviceLimits,
+    MeasureErrorNo,
+    MeasureResult,
+    Record,
+    Target,
+    Workload,
+)
 
 CPU = Target.parse("opencl -model=pocl-cpu")
 GPU = Target.parse("cuda -model=h200 -arch=sm_90")
@@ -86,13 +101,50 @@ def test_fastest_record_measured_here_wins_across_templates() -> None:
     assert tasks[0].template == CONV_CPU
 
 
-def test_other_devices_record_beats_a_default() -> None:
+def test_other_devices_record_of_the_preferred_template_beats_its_default() -> None:
     graph = small_graph()
-    _cpu_wl, gpu_wl, *_ = candidates(conv_node(graph), CPU)
-    source = MemorySource([record(gpu_wl, Target.parse("opencl -model=1080ti"), 1e-4)])
+    cpu_wl = candidates(conv_node(graph), CPU)[0]
+    other = Target.parse("opencl -model=skylake-cpu")
+    source = MemorySource([record(cpu_wl, other, 1e-4, index=5)])
     _plan, tasks, choices = select_layers(graph, CPU, source, DeviceLimits())
-    assert tasks[0].template == CONV_GPU and choices[0].source == OTHER_DEVICE
+    assert tasks[0].template == CONV_CPU and choices[0].source == OTHER_DEVICE
+    assert choices[0].config.index == 5
     assert tasks[1].template == DENSE_CPU and choices[1].source == DEFAULT
+    # on a GPU the GPU template is preferred: its record from another GPU is taken
+    source = MemorySource([record(candidates(conv_node(graph), GPU)[0], Target.parse(
+        "opencl -model=1080ti"), 1e-4, index=7)])
+    _plan, tasks, choices = select_layers(graph, GPU, source, DeviceLimits())
+    assert tasks[0].template == CONV_GPU and choices[0].source == OTHER_DEVICE
+    assert choices[0].config.index == 7
+
+
+def test_other_devices_record_of_another_template_does_not_displace_the_preferred() -> None:
+    """On a CPU: TopHub's 1080ti configs of the GPU templates ran 5-100x slower here than
+    the direct template's default, and its x86 CPUs' direct records slower than
+    Winograd's default where Winograd is preferred (bench/default_choice.py): the
+    preferred template's default is kept. A GPU still takes the first candidate with a
+    record (TVM's order)."""
+    graph = small_graph()
+    _cpu_wl, gpu_wl, wino_wl, _ = candidates(conv_node(graph), CPU)
+    source = MemorySource([record(gpu_wl, Target.parse("opencl -model=1080ti"), 1e-4),
+                           record(wino_wl, Target.parse("opencl -model=1080ti"), 1e-5)])
+    _plan, tasks, choices = select_layers(graph, CPU, source, DeviceLimits())
+    assert tasks[0].template == CONV_CPU and choices[0].source == DEFAULT
+    source = MemorySource([record(wino_wl, Target.parse("opencl -model=1080ti"), 1e-5)])
+    _plan, tasks, choices = select_layers(graph, GPU, source, DeviceLimits())
+    assert tasks[0].template == WINOGRAD and choices[0].source == OTHER_DEVICE
+    # a Winograd-preferred layer keeps Winograd's default over a direct foreign record
+    graph = cpu_graph()
+    node = next(n for n in graph.ops() if n.name == "wino")
+    wino_cpu, direct, *_ = candidates(node, CPU)
+    assert (wino_cpu.template, direct.template) == (WINOGRAD_CPU, CONV_CPU)
+    source = MemorySource([record(direct, Target.parse("opencl -model=skylake-cpu"), 1e-6)])
+    plan, _tasks, _choices = select_layers(graph, CPU, source, DeviceLimits())
+    assert plan[node].template == WINOGRAD_CPU and plan[node].source == DEFAULT
+    # but a measurement here of the direct one, faster, wins
+    source = MemorySource([record(direct, CPU, 1e-6)])
+    plan, _tasks, _choices = select_layers(graph, CPU, source, DeviceLimits())
+    assert plan[node].template == CONV_CPU and plan[node].source == THIS_DEVICE
 
 
 def test_winograd_or_direct_whichever_measured_faster() -> None:
@@ -100,7 +152,7 @@ def test_winograd_or_direct_whichever_measured_faster() -> None:
     cpu_wl, gpu_wl, wino_wl, _ = candidates(conv_node(graph), CPU)
     assert wino_wl.args == gpu_wl.args  # the same AutoTVM workload, another template
     records = [record(cpu_wl, CPU, 2e-3), record(gpu_wl, CPU, 3e-3), record(wino_wl, CPU, 1e-3)]
-    plan, tasks, _ = select_layers(graph, CPU, MemorySource(records), DeviceLimits())
+    _plan, tasks, _ = select_layers(graph, CPU, MemorySource(records), DeviceLimits())
     assert tasks[0].template == WINOGRAD
     records[2] = record(wino_wl, CPU, 4e-3)
     _plan, tasks, _ = select_layers(graph, CPU, MemorySource(records), DeviceLimits())
@@ -120,3 +172,65 @@ def test_winograd_only_for_3x3_stride_1_and_depthwise_gets_its_template() -> Non
     # TVM's depthwise weight layout [C, multiplier, kh, kw]: the same memory as ONNX's
     assert dw.template == DEPTHWISE and dw.args_json()[1] == ["TENSOR", [8, 2, 3, 3], "float32"]
     assert [t.template for t in extract_tasks(graph, CPU)] == [CONV_CPU, DEPTHWISE]
+
+
+def cpu_graph():  # type: ignore[no-untyped-def]
+    """A C=3 stem (3x3 stride 1), a 3x3 stride-1 conv of 16 channels, a 3x3 stride-2
+    one, a 1x1 one and a padded 1x1 one, each with bias and relu."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    value, c = b.input("x", (1, 3, 12, 12)), 3
+    for name, k, kernel, stride, pad in (("stem", 16, 3, 1, 1), ("wino", 24, 3, 1, 1),
+                                         ("strided", 32, 3, 2, 1), ("gemm", 16, 1, 1, 0),
+                                         ("padded", 16, 1, 1, 1)):
+        w = b.const(rng.uniform(-0.3, 0.3, (k, c, kernel, kernel)).astype(np.float32))
+        conv = b.call("nn.conv2d", [value, w], name, strides=(stride, stride),
+                      padding=(pad,) * 4)
+        bias = b.const(rng.uniform(-0.3, 0.3, (k,)).astype(np.float32))
+        value, c = b.call("nn.relu", [b.call("nn.bias_add", [conv, bias])]), k
+    return optimize(b.finish([value]))
+
+
+def test_cpu_prefers_the_template_with_the_fastest_default() -> None:
+    graph = cpu_graph()
+    first = {n.name: candidates(n, CPU)[0].template for n in graph.ops()
+             if n.op == "fused.conv2d"}
+    assert WINOGRAD_MIN_CHANNELS == 16
+    assert first == {"stem": CONV_CPU, "wino": WINOGRAD_CPU, "strided": CONV_CPU,
+                     "gemm": CONV_CPU, "padded": CONV_CPU}
+    # tuning still covers direct, Winograd and 1x1, the preferred one first
+    by_name = {n.name: n for n in graph.ops()}
+    assert [w.template for w in tuning_candidates(by_name["wino"], CPU)] == [WINOGRAD_CPU,
+                                                                             CONV_CPU]
+    assert [w.template for w in tuning_candidates(by_name["gemm"], CPU)] == [CONV_CPU,
+                                                                             CONV1X1_CPU]
+    assert [w.template for w in tuning_candidates(by_name["stem"], CPU)] == [CONV_CPU,
+                                                                             WINOGRAD_CPU]
+    assert [w.template for w in candidates(by_name["wino"], CPU)] == [
+        WINOGRAD_CPU, CONV_CPU, CONV_GPU, WINOGRAD]
+    # a GPU's order is unchanged: its direct template first
+    assert [w.template for w in candidates(by_name["wino"], GPU)] == [
+        CONV_GPU, CONV_CPU, WINOGRAD, WINOGRAD_CPU]
+    assert [w.template for w in candidates(by_name["gemm"], GPU)] == [
+        CONV_GPU, CONV_CPU, CONV1X1_CPU]
+    assert [t.template for t in extract_tasks(graph, CPU)] == [
+        CONV_CPU, WINOGRAD_CPU, WINOGRAD_CPU, CONV_CPU, CONV_CPU, CONV_CPU, CONV1X1_CPU,
+        CONV_CPU]
+    assert [w.template for w in candidates(by_name["gemm"], CPU)] == [
+        CONV_CPU, CONV_GPU, CONV1X1_CPU]
+
+
+def test_untuned_cpu_build_runs_the_preferred_templates_and_matches_numpy(
+        device: Device) -> None:
+    if device.target.device_class != "cpu":
+        pytest.skip(f"{device.target} is not a CPU")
+    graph = cpu_graph()
+    module = build(graph, device=device, optimized=True)
+    chosen = {layer: t.template for t in module.tasks for layer in t.layers}
+    assert chosen == {"stem": CONV_CPU, "wino": WINOGRAD_CPU, "strided": CONV_CPU,
+                      "gemm": CONV_CPU, "padded": CONV_CPU}
+    assert {c.source for c in module.choices} == {DEFAULT}
+    xs = np.random.default_rng(6).uniform(-1, 1, (1, 3, 12, 12)).astype(np.float32)
+    want = evaluate(graph, [xs])[0]
+    got = module.run([xs])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
