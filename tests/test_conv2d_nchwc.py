@@ -37,7 +37,12 @@ from conftest import (
 from compiler.runtime.device import Device
 from compiler.runtime.measure import MeasureRequest, measure
 from compiler.templates import ConfigError, Epilogue, WorkloadError, get_template
-from compiler.templates.conv2d_nchwc import DEFAULT_WG, default_reg_n, default_vec
+from compiler.templates.conv2d_nchwc import (
+    DEFAULT_WG,
+    default_reg_n,
+    default_vec,
+    strided_loops,
+)
 from schemas import Config, DeviceLimits, KnobEntity, MeasureOptions, Workload
 from schemas.record import read_lines
 
@@ -175,6 +180,22 @@ def test_default_config_fits_and_follows_the_x86_fallback() -> None:
     k = TEMPLATE.decode(SWEEP["resnet50.res5.1x1"],
                         TEMPLATE.default_config(SWEEP["resnet50.res5.1x1"]))
     assert (k["tile_ic"][1], k["tile_oh"], k["order_oc"], k["unroll_ci"]) == (16, 1, 0, 2)
+    # a strided 3x3: channel blocks innermost, ci unrolled by 8 (ic_bn 16); stride 1 and
+    # the stem (ic_bn 3: no unroll divides it) keep the loops as they were
+    k = TEMPLATE.decode(SWEEP["resnet50.res3a.3x3s2"],
+                        TEMPLATE.default_config(SWEEP["resnet50.res3a.3x3s2"]))
+    assert (k["tile_ic"][1], k["order_oc"], k["unroll_ci"]) == (16, 1, 8)
+    for name in ("resnet50.res2.3x3", "vgg16.conv5.3x3"):
+        k = TEMPLATE.decode(SWEEP[name], TEMPLATE.default_config(SWEEP[name]))
+        assert (k["order_oc"], k["unroll_ci"]) == (0, 1), name
+
+
+def test_strided_loops_take_the_largest_unroll_dividing_ic_bn() -> None:
+    s2 = TEMPLATE.parse(nchwc_workload(1, 12, 14, 16, 3, 2, 1))
+    assert [strided_loops(s2, ic_bn) for ic_bn in (16, 12, 3)] == [
+        {"order_oc": 1, "unroll_ci": 8}, {"order_oc": 1, "unroll_ci": 4}, {}]
+    assert strided_loops(TEMPLATE.parse(SWEEP["resnet50.res3a.1x1s2"]), 16) == {}
+    assert strided_loops(TEMPLATE.parse(SWEEP["resnet50.res2.3x3"]), 16) == {}
 
 
 def test_default_reg_n_keeps_avx2_registers_free() -> None:
