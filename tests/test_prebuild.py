@@ -13,6 +13,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,10 +28,15 @@ from compiler.runtime import child
 from compiler.runtime.isolate import IsolatedMeasurer
 from compiler.runtime.measure import MeasureRequest
 from compiler.runtime.prebuild import SWITCH_ENV, lease_batch, prebuild_enabled
-from schemas import MeasureErrorNo, MeasureOptions, MeasureResult
+from compiler.templates import get_template
+from schemas import MeasureErrorNo, MeasureOptions, MeasureResult, Workload
 
 needs_opencl = pytest.mark.skipif(not HAS_OPENCL, reason="no OpenCL device (PoCL) here")
 EXTRA = (broken_templates.__name__,)
+WINOGRAD, DIRECT = "conv2d_NCHWc_winograd.x86", "conv2d_NCHWc.x86"
+SMALL_CONV: list[Any] = [["TENSOR", [1, 16, 12, 12], "float32"],
+                         ["TENSOR", [16, 16, 3, 3], "float32"], [1, 1], [1, 1, 1, 1], [1, 1],
+                         "NCHW", "NCHW", "float32"]
 
 
 @pytest.fixture(autouse=True)
@@ -99,6 +105,43 @@ def test_a_batch_is_built_in_builder_processes_and_the_measurer_compiles_nothing
         results = [m.measure(r) for r in requests]
         assert all(r.ok for r in results), [r.error_msg for r in results]
         # the measuring child loaded every kernel from the cache: nothing written again
+        assert cache_files(kernel_cache) == built
+
+
+def test_a_builder_launches_one_work_group_per_stage() -> None:
+    """What compiles the work-group function (PoCL keys it by the local size, not by the
+    number of groups) without running the whole kernel beside the other builds."""
+    from compiler.runtime.prebuild import one_group
+
+    workload = Workload(template=WINOGRAD, args=SMALL_CONV)
+    kernel = get_template(WINOGRAD).codegen(workload, get_template(WINOGRAD).default_config(
+        workload), "opencl")
+    assert len(kernel.stages) == 3 and kernel.grid != (1, 1, 1)
+    launched = one_group(kernel)
+    assert launched.grid == (1, 1, 1) and launched.block == kernel.block
+    assert [s.grid for s in launched.stages] == [(1, 1, 1)] * 3
+    assert [(s.entry, s.block, s.args) for s in launched.stages] == [
+        (s.entry, s.block, s.args) for s in kernel.stages]
+    assert launched.source == kernel.source
+
+
+@needs_opencl
+def test_one_work_group_ahead_compiles_what_the_whole_launch_needs(
+        kernel_cache: Path) -> None:
+    """Conv kernels of many work-groups, one of them in three stages: the measuring child
+    runs every group of them and compiles nothing the builders' one-group launch did not."""
+    requests = [MeasureRequest(name, workload, get_template(name).default_config(workload),
+                               FAST)
+                for name in (WINOGRAD, DIRECT)
+                for workload in [Workload(template=name, args=SMALL_CONV)]]
+    with IsolatedMeasurer("opencl:0") as m:
+        m.start()
+        report = m.prebuild(requests)
+        assert report is not None and report.outcomes == ["", ""], report
+        built = cache_files(kernel_cache)
+        assert sum(p.endswith(".so") for p in built) == 4  # 3 stages + 1
+        results = [m.measure(r) for r in requests]
+        assert all(r.ok for r in results), [r.error_msg for r in results]
         assert cache_files(kernel_cache) == built
 
 

@@ -23,9 +23,27 @@ _CPU_LOCAL_MEM_CAP = 64 * 1024
 
 
 def _cl() -> Any:
+    """pyopencl, with PoCL's kernel cache (read once, as the driver loads) pointed where
+    every device-owning child's is (``child.child_env``): a build in this process then
+    loads the kernels tuning's measuring children and builders compiled, and they find
+    what it compiled."""
+    global _cache_shared
+    if not _cache_shared:
+        _cache_shared = True
+        from compiler.runtime.child import POCL_CACHE_ENV, kernel_cache_dir
+
+        cache = kernel_cache_dir()
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            os.environ[POCL_CACHE_ENV] = str(cache)
+        except OSError:  # unwritable: PoCL keeps its default, builders go unused
+            pass
     import pyopencl as cl
 
     return cl
+
+
+_cache_shared = False
 
 
 def _pocl_version(version: str) -> tuple[int, ...]:

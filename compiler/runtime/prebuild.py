@@ -4,10 +4,10 @@ On PoCL nearly all of a trial is the compiler: the front end at build and, at th
 launch, the work-group function for the kernel's local size (docs/BENCHMARKS.md,
 "Overhead per trial"). Threads cannot overlap those builds (PoCL holds one global lock),
 so a pool of builder processes does: each opens the device, builds a kernel of the batch
-and, where the driver compiles at first launch (a CPU device), launches it once on the
-trial's own operands. Both land in the driver's on-disk kernel cache, which every
-device-owning process shares (``child.kernel_cache_dir``); the measuring child then
-finds the kernel compiled. Nothing else passes between them, so a kernel the builders
+and, where the driver compiles at first launch (a CPU device), launches one work-group
+of it on the trial's own operands. Both land in the driver's on-disk kernel cache, which
+every device-owning process shares (``child.kernel_cache_dir``); the measuring child
+then finds the kernel compiled. Nothing else passes between them, so a kernel the builders
 could not build (it does not compile, it hangs, it crashes them) costs nothing but the
 try: the measuring child builds it again and reports its own error number.
 
@@ -20,6 +20,7 @@ machine this was written on).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
@@ -38,6 +39,7 @@ from compiler.runtime.measure import (
     operand_buffers,
     request_kernel,
 )
+from compiler.templates import Kernel
 from schemas import MeasureErrorNo
 
 SWITCH_ENV = "TUNER_PREBUILD"  # "0" (or off/false/no) measures as before: no builders
@@ -69,14 +71,26 @@ def lease_batch() -> int:
     return min(16, 4 * default_builders()) if prebuild_enabled() else 1
 
 
+def one_group(kernel: Kernel) -> Kernel:
+    """``kernel`` launched as one work-group (per stage). PoCL compiles the work-group
+    function at the first launch and keys it by the local size, a zero global offset and a
+    grid within 32 bits, not by the number of groups (its cache: ``4-1-1-goffs0-smallgrid``),
+    so one group compiles what the measuring child's launch needs, without running the
+    whole kernel on every core beside the other builders' compiles."""
+    return dataclasses.replace(kernel, grid=(1, 1, 1), stages=tuple(
+        dataclasses.replace(stage, grid=(1, 1, 1)) for stage in kernel.stages))
+
+
 def warm(device: Device, request: MeasureRequest, launch: bool) -> tuple[int, str]:
     """Build ``request``'s kernel as the measuring child would and, with ``launch``, run
-    it once on the task's operands; (0, "") or the error number and why."""
+    one work-group of it (``one_group``) on the task's operands; (0, "") or the error
+    number and why."""
     try:
         template, kernel = request_kernel(device, request)
         program = build_kernel(device, kernel)
         if launch:
-            device.run(program, kernel, operand_buffers(device, template, kernel, request))
+            device.run(program, one_group(kernel),
+                       operand_buffers(device, template, kernel, request))
         return 0, ""
     except TrialFailure as err:
         return int(err.error_no), str(err)
