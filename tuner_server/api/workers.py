@@ -4,15 +4,14 @@ call for it needs that token (or an admin's)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
-from schemas import Target
 from schemas.api import (
     Deregistered,
     HeartbeatAnswer,
@@ -36,7 +35,6 @@ from tuner_server.api.deps import (
     require_worker_self,
 )
 from tuner_server.db.models import WorkerRow
-from tuner_server.queue import queue_matches
 from tuner_server.services import dispatch, fleet
 
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"], responses=refusals(404, 409))
@@ -110,8 +108,10 @@ async def lease(worker_id: PathId, body: LeaseRequest, request: Request,
         waiter = (hub.register(queues, body.max_trials, app.state.sessions)
                   if queues is not None and body.wait_s > 0 else None)
         try:
-            # the database work runs in a thread: the event loop keeps serving others
-            trials, queues = await asyncio.to_thread(_lease_once, app, worker_id,
+            # the database work runs in a thread: the event loop keeps serving others.
+            # The pool the sync routes use (40 threads), not asyncio's default (cores + 4
+            # = 6 here): behind 6 threads leases queued for seconds while reports passed.
+            trials, queues = await run_in_threadpool(_lease_once, app, worker_id,
                                                      body.max_trials)
             hub.remember(worker_id, queues)
             left = deadline - time.monotonic()
@@ -136,7 +136,7 @@ def _lease_once(app: FastAPI, worker_id: int, max_trials: int
         with _refusals():
             trials, failed = dispatch.lease(session, app.state.queue, worker, max_trials,
                                             app.state.settings.lease_seconds)
-            queues = tuple(queue_matches(Target.parse(worker.target)))  # parsed above
+            queues = dispatch.served_queues(worker)  # parsed above, cached
         session.commit()
     app.state.queue.finished(failed)
     app.state.metrics.leased(len(trials))

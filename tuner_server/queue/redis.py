@@ -29,7 +29,12 @@ from sqlalchemy.orm import Session
 
 from schemas.api import TrialStatus
 from tuner_server.db.models import TrialRow
-from tuner_server.queue.base import DispatchQueue, QueuedTrial, QueueUnavailable, take_many
+from tuner_server.queue.base import (
+    DispatchQueue,
+    QueuedTrial,
+    QueueUnavailable,
+    take_many,
+)
 from tuner_server.queue.notify import Counts, Subscription, counts_of
 
 log = logging.getLogger("tuner.queue")
@@ -177,11 +182,15 @@ class RedisQueue(DispatchQueue):
                 self._hint_failed(f"queueing {len(trials)} returned trials", err)
             self._arrived(trials)
 
-    def _drop(self, tickets: list[Ticket]) -> None:
+    def _drop(self, tickets: list[Ticket], forget: list[str] | None = None) -> None:
+        """Acknowledge and delete these tickets; ``forget``: trial ids whose entries go
+        from the index too, in the same round trip."""
         pipe = self._redis.pipeline(transaction=False)
         for stream, entry in tickets:
             pipe.xack(stream, GROUP, entry)
             pipe.xdel(stream, entry)
+        if forget:
+            pipe.hdel(self._entries, *forget)
         pipe.execute()
 
     def _read(self, stream: str, consumer: str, want: int,
@@ -223,8 +232,9 @@ class RedisQueue(DispatchQueue):
         except redis.RedisError as err:
             # tickets read so far sit in this consumer's pending list; resync returns them
             raise QueueUnavailable(f"redis: {err}") from None
-        got = take_many(session, [trial_id for _s, _e, trial_id in tickets], worker_id,
-                        lease_s, now)
+        rows = take_many(session, [trial_id for _s, _e, trial_id in tickets], worker_id,
+                         lease_s, now)
+        got = {trial.id for trial in rows}
         leased: dict[int, None] = {}
         stale = []
         for stream, entry, trial_id in tickets:
@@ -237,10 +247,7 @@ class RedisQueue(DispatchQueue):
                 self._drop(stale)
             except redis.RedisError as err:  # read again later, and dropped then
                 self._hint_failed(f"dropping {len(stale)} stale tickets", err)
-        if not leased:
-            return []
-        return list(session.scalars(select(TrialRow).where(TrialRow.id.in_(list(leased)))
-                                    .order_by(TrialRow.id)))
+        return rows
 
     def finished(self, trial_ids: list[int]) -> None:
         if not trial_ids:
@@ -249,9 +256,7 @@ class RedisQueue(DispatchQueue):
         try:
             found: list[Any] = self._redis.hmget(self._entries, keys)
             tickets = [tuple(v.rsplit(" ", 1)) for v in found if v]
-            if tickets:
-                self._drop(tickets)  # type: ignore[arg-type]
-            self._redis.hdel(self._entries, *keys)
+            self._drop(tickets, keys)  # type: ignore[arg-type]
         except redis.RedisError as err:  # a stale ticket is dropped when a lease reads it
             self._hint_failed(f"dropping the tickets of {len(trial_ids)} recorded trials", err)
 

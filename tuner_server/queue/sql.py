@@ -13,7 +13,6 @@ from schemas.api import TrialStatus
 from tuner_server.db.models import TrialRow
 from tuner_server.queue.base import DispatchQueue, QueuedTrial, take_many
 
-
 # Another server process's pushes reach this one's waiting leases through the shared
 # check of the trials table (one query for all of them) this often.
 CHECK_EVERY_S = 0.1
@@ -33,12 +32,8 @@ class SqlQueue(DispatchQueue):
                 .order_by(TrialRow.id).limit(limit))
         if session.get_bind().dialect.name == "postgresql":
             stmt = stmt.with_for_update(skip_locked=True)
-        got = take_many(session, list(session.scalars(stmt.with_only_columns(TrialRow.id))),
-                        worker_id, lease_s, now)
-        if not got:
-            return []
-        return list(session.scalars(select(TrialRow).where(TrialRow.id.in_(got))
-                                    .order_by(TrialRow.id)))
+        return take_many(session, list(session.scalars(stmt.with_only_columns(TrialRow.id))),
+                         worker_id, lease_s, now)
 
     def finished(self, trial_ids: list[int]) -> None:
         pass

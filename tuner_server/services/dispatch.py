@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,7 +19,6 @@ from schemas import (
     Config,
     DeviceLimits,
     MeasureErrorNo,
-    MeasureInput,
     MeasureOptions,
     MeasureResult,
     Record,
@@ -125,11 +125,24 @@ def get_worker(session: Session, worker_id: int) -> WorkerRow | None:
     return session.get(WorkerRow, worker_id)
 
 
-def _served_target(worker: WorkerRow) -> Target:
-    """The worker's target, or a refusal saying how to recover (a row written before
-    targets were checked to round-trip)."""
+@lru_cache(maxsize=4096)
+def _parsed(target: str) -> tuple[Target, tuple[str, ...]]:
+    """A worker target and the queues it serves, parsed once per distinct string (every
+    lease and report asks; a fleet has few targets; ``Target`` is frozen)."""
+    parsed = Target.parse(target)
+    return parsed, tuple(queue_matches(parsed))
+
+
+def served_queues(worker: WorkerRow) -> tuple[str, ...]:
+    """The queues the worker serves (``queue_matches`` of its target)."""
+    return _served(worker)[1]
+
+
+def _served(worker: WorkerRow) -> tuple[Target, tuple[str, ...]]:
+    """The worker's target and queues, or a refusal saying how to recover (a row written
+    before targets were checked to round-trip)."""
     try:
-        return Target.parse(worker.target)
+        return _parsed(worker.target)
     except ValueError:
         raise WorkerRefused(f"worker {worker.id}'s target {worker.target[:100]!r} does not "
                             "parse; register again") from None
@@ -144,22 +157,23 @@ def lease(session: Session, queue: DispatchQueue, worker: WorkerRow, limit: int,
     trial that has lost MAX_ATTEMPTS workers that way is failed here, not measured."""
     if worker.stopped_at is not None:
         raise WorkerRefused(f"worker {worker.id} deregistered; register again")
-    matches = queue_matches(_served_target(worker))
+    matches = list(served_queues(worker))
     now = time.time()
     worker.last_seen = now
     trials = queue.lease(session, worker.id, matches, limit, lease_s, now)
     out: list[LeasedTrial] = []
     failed: list[int] = []
+    # the trials' tasks and jobs in one query, not two look-ups a trial
+    tasks = {task.id: (task, job) for task, job in session.execute(
+        select(TaskRow, JobRow).join(JobRow, JobRow.id == TaskRow.job_id)
+        .where(TaskRow.id.in_(sorted({t.task_id for t in trials}))))} if trials else {}
     for trial in trials:
         if trial.attempts > MAX_ATTEMPTS:  # this lease is the one past the limit
             trial.worker_id = None  # not this worker's failure: it never held it
             _fail_lost(session, trial, trial.attempts - 1)
             failed.append(trial.id)
             continue
-        task = session.get(TaskRow, trial.task_id)
-        assert task is not None
-        job = session.get(JobRow, task.job_id)
-        assert job is not None
+        task, job = tasks[trial.task_id]
         measure = verify_measure(job.measure) if trial.verify_round else job.measure
         out.append(LeasedTrial(trial_id=trial.id, task_id=task.id, template=task.template,
                                args=task.args, config=trial.config, target=job.target,
@@ -239,15 +253,15 @@ def _store(session: Session, outcomes: list[Outcome]) -> bool:
     record is marked with its config (``verified_config``) and counts in no counter: the
     budget, the best cost and early stopping are the search's. Raises ValueError
     (nothing stored) when a trial's task row does not decode into a record."""
-    tasks = {t.id: t for t in session.scalars(
+    # each task's workload and each target parsed once a report, not once a trial
+    workloads = {t.id: Workload(template=t.template, args=t.args) for t in session.scalars(
         select(TaskRow).where(TaskRow.id.in_(sorted({t.task_id for t, *_ in outcomes}))))}
-    rows = [dict(record_row(Record.from_measure(
-        MeasureInput(target=Target.parse(target),
-                     workload=Workload(template=tasks[trial.task_id].template,
-                                       args=tasks[trial.task_id].args),
-                     config=Config.model_validate(trial.config)),
-        result, info=info or None), verified_config=trial.config_index
-        if trial.verify_round else None), trial_id=trial.id)
+    targets = {text: Target.parse(text) for text in {target for _t, _r, target, _i in outcomes}}
+    # the Record straight from its parts: a MeasureInput first validated each part twice
+    rows = [dict(record_row(Record(
+        target=targets[target], workload=workloads[trial.task_id],
+        config=Config.model_validate(trial.config), result=result, info=info or None),
+        verified_config=trial.config_index if trial.verify_round else None), trial_id=trial.id)
         for trial, result, target, info in outcomes]
     try:
         with session.begin_nested():
@@ -312,7 +326,7 @@ def report(session: Session, worker: WorkerRow,
     leased to or measured by another worker) refuses the whole request: nothing is
     stored. The trials are locked in one SELECT (id order) and stored as one batch;
     should the batch hit a record stored first, it goes again trial by trial."""
-    target = str(_served_target(worker))
+    target = str(_served(worker)[0])
     worker.last_seen = time.time()
     counts = ReportCounts()
     ids = sorted({trial_id for trial_id, _result, _info in results})
