@@ -32,8 +32,9 @@ Id = Annotated[int, Field(ge=1, le=MAX_ID)]
 # The search strategy a job gets unless it names one (the server's ``tuner_server.search``
 # registers a tuner of this name).
 DEFAULT_TUNER = "lgbm"
-# POST /records/best answers at most this many workloads a request.
-MAX_BEST_WORKLOADS = 1000
+# POST /records/best answers at most this many workloads a request (a model's every
+# layer on a fleet's every template; its body passes the Guard as an import's does).
+MAX_BEST_WORKLOADS = 10_000
 # POST /records/import names at most this many refused lines (``refused`` counts all).
 MAX_REPORTED_ERRORS = 100
 # A model job's names: the model (jobs.model is VARCHAR(255)) and each layer.

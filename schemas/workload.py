@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from schemas.text import check_text
+from schemas.text import ONE_LINE, check_text
 
 # Bounds no operator's arguments come near (a conv2d's are 6 items, 20 numbers, depth 3):
 # past them a workload is junk that would only cost time and space.
@@ -45,6 +46,39 @@ def _check_arg(value: Any, path: str, depth: int, nodes: list[int]) -> None:
             _check_arg(item, f"{path}[{i}]", depth + 1, nodes)
         return
     raise ValueError(f"{path}: {type(value).__name__} is not an AutoTVM-serialisable argument")
+
+
+def _plain(value: list[Any] | tuple[Any, ...], depth: int, nodes: list[int]
+           ) -> tuple[Any, ...] | None:
+    """``value`` frozen when every item is of the plain kinds JSON gives and within the
+    bounds ``_check_arg`` sets, else None (then ``_check_arg`` says why): the same rules
+    in one pass, without the path of each value, which only an error message needs.
+    ``nodes`` counts values seen, ``value`` itself included by the caller."""
+    nodes[0] += len(value)
+    if nodes[0] > MAX_ARG_NODES:
+        return None
+    out = []
+    for item in value:
+        kind = type(item)
+        if kind is int:
+            if not -MAX_ARG_INT <= item <= MAX_ARG_INT:
+                return None
+        elif kind is str:
+            if len(item) > MAX_ARG_STRING or ONE_LINE.search(item):
+                return None
+        elif kind is list or kind is tuple:
+            if depth + 1 >= MAX_ARG_DEPTH:
+                return None
+            item = _plain(item, depth + 1, nodes)
+            if item is None:
+                return None
+        elif kind is float:
+            if not math.isfinite(item):
+                return None
+        elif item is not None and kind is not bool:
+            return None
+        out.append(item)
+    return tuple(out)
 
 
 def tensor_arg(shape: tuple[int, ...] | list[int], dtype: str = "float32") -> list[Any]:
@@ -85,12 +119,18 @@ class Workload(BaseModel):
                 raise ValueError(f"args is not JSON: {str(err)[:100]}") from None
         if not isinstance(value, (list, tuple)):
             raise ValueError("args must be a JSON list, as AutoTVM serialises them")
+        frozen = _plain(value, 0, [1])  # a list of plain values: checked and frozen at once
+        if frozen is not None:
+            return frozen
         _check_arg(value, "args", 0, [0])
         return tuple(_freeze(v) for v in value)
 
-    @property
+    @cached_property
     def key(self) -> str:
-        return json.dumps([self.template, self.args_json()], separators=(",", ":"))
+        """The workload as records store it (``records.workload_key``): computed once, as
+        a lookup of many workloads asks it of each several times. JSON writes the
+        frozen tuples as the lists they were."""
+        return json.dumps([self.template, self.args], separators=(",", ":"))
 
     def args_json(self) -> list[Any]:
         return [_thaw(v) for v in self.args]

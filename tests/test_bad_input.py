@@ -37,6 +37,7 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
+from schemas.api import MAX_BEST_WORKLOADS
 from tuner_server.app import create_app
 from tuner_server.middleware import MAX_DETAIL_CHARS
 from tuner_server.queue import QueueUnavailable
@@ -269,10 +270,9 @@ ROWS: list[Row] = [
      {"params": {"target": LONG_TARGET}}, 422, "target"),
     ("search target that does not read back", "GET", "/api/v1/records/search", "client",
      {"params": {"target": SPACED}}, 422, "target"),
-    ("best for 1001 workloads", "POST", "/api/v1/records/best", "client",
-     {"json": {"target": TARGET,
-               "workloads": [{"template": DENSE, "args": DENSE_ARGS}] * 1001}}, 422,
-     "workloads"),
+    (f"best for {MAX_BEST_WORKLOADS + 1} workloads", "POST", "/api/v1/records/best", "client",
+     {"json": {"target": TARGET, "workloads": [{"template": DENSE, "args": DENSE_ARGS}]
+               * (MAX_BEST_WORKLOADS + 1)}}, 422, "workloads"),
     ("best target that does not read back", "POST", "/api/v1/records/best", "client",
      {"json": {"target": SPACED, "workloads": [{"template": DENSE, "args": DENSE_ARGS}]}},
      422, "target"),

@@ -4,6 +4,8 @@ space; and a query count that does not grow with the number of workloads."""
 
 from __future__ import annotations
 
+import copy
+import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,11 +13,14 @@ from typing import Any
 
 import pytest
 from server_fixtures import BACKENDS, migrated_sessions
-from sqlalchemy import event
+from sqlalchemy import delete, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from compiler.templates import get_template
+from compiler.templates import ConfigError, get_template, register_template
 from schemas import Config, MeasureErrorNo, MeasureResult, Record, Target, Workload
+from schemas.api import BestResponse
+from tuner_client.client import _best_items
+from tuner_server.db.models import RecordRow
 from tuner_server.services import records as svc
 
 TEMPLATE = "conv2d_nchw.cuda"
@@ -130,3 +135,111 @@ def test_queries_do_not_grow_with_the_batch(sessions: sessionmaker[Session]) -> 
             assert len(selects) <= 8, (text, len(selects))
     finally:
         event.remove(engine, "before_cursor_execute", count)
+
+
+def test_wire_answer_is_the_models_json(sessions: sessionmaker[Session]) -> None:
+    """The route's JSON, written without models (``svc.best_json``), is what the
+    BestResponse of the same answers serialises to, and reads back as one."""
+    asked = workloads(60)
+    with sessions.begin() as session:
+        fill(session, asked)
+    for text in ASKED:
+        with sessions() as session:
+            found = svc.best(session, asked, Target.parse(text))
+        wire = svc.best_json(found)
+        expected = BestResponse(items=[a.item() for a in found])
+        assert json.loads(wire) == expected.model_dump(mode="json"), text
+        assert BestResponse.model_validate_json(wire) == expected
+
+
+def test_client_reads_answers_as_validation_would() -> None:
+    """``TunerClient.best``'s reading of an answer: the plain echo of the workloads asked
+    is built from them; anything else is left to validation (None)."""
+    asked = workloads(3)
+    line = {"input": ["cuda -model=h200", TEMPLATE, asked[0].args_json(), {}]}
+    items = [{"workload": w.model_dump(mode="json"), "rule": rule, "record": record}
+             for w, rule, record in zip(asked, ["model", "none", "target_key:gpu"],
+                                        [line, None, line], strict=True)]
+    body = json.dumps({"items": items}).encode()
+    fast = _best_items(body, asked)
+    assert fast == BestResponse.model_validate_json(body).items
+    assert fast is not None and all(a.workload is w for a, w in zip(fast, asked, strict=True))
+    other = [{**items[0], "workload": asked[1].model_dump(mode="json")}, *items[1:]]
+    for bad in ({"items": items[:2]}, {"items": other}, {"items": items, "extra": 1},
+                {"items": [{**items[0], "rule": 3}, *items[1:]]},
+                {"items": [{**items[0], "record": [1]}, *items[1:]]}, [items]):
+        assert _best_items(json.dumps(bad).encode(), asked) is None, bad
+    assert _best_items(b"not json", asked) is None
+
+
+def test_pretuned_log_kept_as_records_change(sessions: sessionmaker[Session]) -> None:
+    """The pretuned log a process keeps (updated from the rows stored since) is the log
+    computed anew after every change: records stored, better ones stored, records
+    deleted, the last row read deleted and its id stored again (SQLite reuses it), a
+    template registered anew."""
+    asked = workloads(80)
+    with sessions.begin() as session:
+        fill(session, asked)
+    targets = [Target.parse(t) for t in ("cuda -model=h200", "cuda", "rocm", "vulkan")]
+
+    def agree() -> None:
+        for target in targets:
+            with sessions() as session:
+                kept = svc.pretuned_log(session, target)
+                where = svc._target_filter(target)
+                anew = svc._compute_log(session, where)
+            assert kept == (anew.lines, anew.etag), target
+
+    agree()
+    agree()  # kept, nothing read but the count
+    rng = random.Random(3)
+    with sessions() as session:
+        stored = [Record.from_json(line) for line in session.scalars(
+            select(RecordRow.line).where(RecordRow.error_no == 0).order_by(RecordRow.id))]
+    better = [r.model_copy(update={"result": r.result.model_copy(update={
+        "costs": (1e-8 * (i + 1),), "timestamp": 1.8e9 + i})})
+        for i, r in enumerate(rng.sample(stored, 12))]
+    with sessions.begin() as session:
+        svc.add_records(session, better[:6])
+    agree()
+    with sessions.begin() as session:
+        svc.add_records(session, better[6:], source="imported")
+        ids = list(session.scalars(select(RecordRow.id).where(RecordRow.mean_cost < 1e-6)
+                                   .order_by(RecordRow.id).limit(3)))
+        session.execute(delete(RecordRow).where(RecordRow.id.in_(ids)))
+    agree()
+    # the last row a log read, deleted, and another stored in its place: SQLite gives
+    # the new row the same id, so the count of rows up to it does not change
+    first, second = [r.model_copy(update={"result": r.result.model_copy(
+        update={"costs": (1e-9,)})}) for r in stored if r.target.model == "h200"][:2]
+    with sessions.begin() as session:
+        svc.add_records(session, [first])
+    agree()
+    with sessions.begin() as session:
+        last = session.scalar(select(func.max(RecordRow.id)))
+        session.execute(delete(RecordRow).where(RecordRow.id == last))
+        svc.add_records(session, [second])  # the new cheapest of its group
+    agree()
+    with sessions.begin() as session:
+        session.execute(delete(RecordRow).where(RecordRow.id.in_(
+            select(RecordRow.id).where(RecordRow.error_no == 0).order_by(RecordRow.id)
+            .limit(50))))
+    agree()
+    original = get_template(TEMPLATE)
+
+    class Narrowed(type(original)):  # type: ignore[misc]
+        """The template with a space no stored config decodes in."""
+
+        def decode(self, workload: Workload, config: Config) -> dict[str, Any]:
+            raise ConfigError("the space changed")
+
+    narrowed = copy.copy(original)
+    narrowed.__class__ = Narrowed
+    register_template(narrowed)
+    try:
+        agree()
+        with sessions() as session:
+            assert svc.pretuned_log(session, targets[0])[0] == []
+    finally:
+        register_template(original)
+    agree()

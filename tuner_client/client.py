@@ -19,6 +19,7 @@ the server fails on that very request, it is not down.
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import logging
 import threading
@@ -369,13 +370,16 @@ class TunerClient:
         """The best record of each workload on ``target`` and the rule that found it, in
         order (asked :data:`MAX_BEST_WORKLOADS` at a time)."""
         items: list[BestItem] = []
+        path = f"{API}/records/best"
         for start in range(0, len(workloads), MAX_BEST_WORKLOADS):
-            body = BestRequest(target=str(target),
-                               workloads=list(workloads[start:start + MAX_BEST_WORKLOADS]))
-            answer: BestResponse = self._json(BestResponse, "POST", f"{API}/records/best",
-                                              idempotent=True,
-                                              json=body.model_dump(mode="json"))
-            items += answer.items
+            asked = list(workloads[start:start + MAX_BEST_WORKLOADS])
+            body = BestRequest(target=str(target), workloads=asked)
+            answer = self._send("POST", path, idempotent=True, content=body.model_dump_json(),
+                                headers={"content-type": "application/json"})
+            found = _best_items(answer.content, asked)
+            if found is None:  # not the plain echo of what was asked: validated in full
+                found = self._parse(answer, BestResponse, "POST", path).items
+            items += found
         return items
 
     def import_records(self, lines: Iterable[str] | str) -> ImportResponse:
@@ -394,6 +398,41 @@ class TunerClient:
         if answer.status_code == 304:
             return PretunedLog(None, answer.headers.get("ETag", etag))
         return PretunedLog(answer.text, answer.headers.get("ETag"))
+
+
+def _best_items(content: bytes, asked: list[Workload]) -> list[BestItem] | None:
+    """The items of a BestResponse that answers ``asked`` in order, each naming its
+    workload as asked: built from the workloads in hand, not validated anew (10,000
+    items parse in a tenth of the time); None for any other answer, which ``_parse``
+    then validates (a BadAnswer, or the items as the server named them)."""
+    enabled = gc.isenabled()
+    gc.disable()  # a million objects: CPython's collections as they grow cost 5x the parse
+    try:
+        return _echoed(json.loads(content), asked)
+    except (ValueError, RecursionError):
+        return None
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _echoed(body: Any, asked: list[Workload]) -> list[BestItem] | None:
+    """``_best_items`` of the parsed answer."""
+    found = body.get("items") if type(body) is dict and len(body) == 1 else None
+    if type(found) is not list or len(found) != len(asked):
+        return None
+    items = []
+    for item, workload in zip(found, asked, strict=True):
+        if type(item) is not dict or len(item) != 3:
+            return None
+        named, rule, record = item.get("workload"), item.get("rule"), item.get("record")
+        if (type(rule) is not str or (record is not None and type(record) is not dict)
+                or type(named) is not dict or len(named) != 2
+                or named.get("template") != workload.template
+                or named.get("args") != workload.args_json()):
+            return None
+        items.append(BestItem.model_construct(workload=workload, rule=rule, record=record))
+    return items
 
 
 def _detail(answer: httpx.Response) -> str:

@@ -149,12 +149,18 @@ def rank(entries: Sequence[Stored[T]], target: Target) -> list[Ranked[T]]:
     left out."""
     ranked: list[Ranked[T]] = []
     taken: set[int] = set()
-    here = [e for e in entries if same_device(e.target, target)]
+    # each distinct target placed once: a batch's entries share a few target objects,
+    # and a Target's model and keys are worked out from its options at every ask
+    places: dict[int, tuple[bool, tuple[str, ...]]] = {}
+    for entry in entries:
+        if id(entry.target) not in places:
+            places[id(entry.target)] = (same_device(entry.target, target), entry.target.keys)
+    here = [e for e in entries if places[id(e.target)][0]]
     for entry in device_order(here):
         ranked.append(Ranked(THIS_DEVICE, None, entry.item))
     taken.update(id(e) for e in here)  # this device's are ranked above or not at all
     for key in target.keys:
-        tier = [e for e in entries if id(e) not in taken and key in e.target.keys]
+        tier = [e for e in entries if id(e) not in taken and key in places[id(e.target)][1]]
         for entry in order(tier):
             ranked.append(Ranked(OTHER_DEVICE, key, entry.item))
             taken.add(id(entry))

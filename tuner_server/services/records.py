@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
 
-from sqlalchemy import Text, and_, case, cast, func, insert, not_, or_, select, union_all
+from sqlalchemy import (
+    Text,
+    and_,
+    any_,
+    case,
+    cast,
+    func,
+    insert,
+    literal,
+    not_,
+    or_,
+    select,
+    union_all,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, aliased
@@ -41,6 +58,41 @@ from tuner_server.services.foreign_flops import foreign_flops
 log = logging.getLogger("tuner.records")
 
 BATCH = 1000
+
+
+def _among(session: Session, column: Any, values: Sequence[int] | Sequence[str]
+           ) -> Iterator[Any]:
+    """``column IN values`` (ids, or workload keys: JSON, never a line break) in as few
+    statements as the database takes: on PostgreSQL one ``= ANY(array)`` of one
+    parameter (the driver splits a statement of 1,000 placeholders in Python, and quotes
+    each string of an array with a regex: each a tenth of a 10,000 workload lookup;
+    keys go as one text split in SQL), elsewhere one IN of BATCH values per statement
+    (SQLite's limit on parameters)."""
+    if session.get_bind().dialect.name == "postgresql":
+        if not values:
+            return
+        if isinstance(values[0], str):
+            yield column == any_(func.string_to_array(literal("\n".join(values)), "\n",
+                                                      type_=ARRAY(Text)))
+        else:
+            yield column == any_(literal(list(values), ARRAY(column.type)))
+        return
+    for start in range(0, len(values), BATCH):
+        yield column.in_(values[start:start + BATCH])
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a large lookup makes its objects (a 10,000
+    workload lookup makes a million: CPython collects all generations again and again
+    as they grow, 5x the time); what they leave is collected after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 # An AutoTVM line is a few hundred characters; a 3 MB "config" is junk, refused unread.
 MAX_LINE_CHARS = 64 * 1024
 MAX_REASON_CHARS = 400  # characters of each refused line's reason
@@ -73,8 +125,14 @@ class BestAnswer:
     """The best record for one workload and which ApplyHistoryBest rule found it."""
 
     workload: Workload
-    line: dict[str, Any] | None  # the winner's stored AutoTVM line, as stored
+    text: str | None  # the winner's stored AutoTVM line, the JSON text as stored
     rule: str  # "model", "target_key:<key>" or "none"
+
+    @cached_property
+    def line(self) -> dict[str, Any] | None:
+        """The winner's line as JSON values (read on first use: the route sends the
+        text as stored)."""
+        return None if self.text is None else json.loads(self.text)
 
     @cached_property
     def record(self) -> Record | None:
@@ -83,8 +141,23 @@ class BestAnswer:
         return None if self.line is None else Record.from_json(self.line)
 
     def item(self) -> BestItem:
-        """This answer on the wire (the route's and ``tuner.Database``'s)."""
+        """This answer as a ``BestItem`` (``tuner.Database``'s)."""
         return BestItem(workload=self.workload, rule=self.rule, record=self.line)
+
+    def item_json(self) -> str:
+        """This answer as ``BestItem`` JSON, written without a model: the workload
+        from its key (``[template, args]``, the same JSON), the line as stored. A
+        request of 10,000 workloads answers in tens of milliseconds, not seconds of
+        validating and serialising models that hold nothing new."""
+        template = json.dumps(self.workload.template)
+        args = self.workload.key[len(template) + 2:-1]
+        return (f'{{"workload":{{"template":{template},"args":{args}}},'
+                f'"rule":{json.dumps(self.rule)},"record":{self.text or "null"}}}')
+
+
+def best_json(answers: Sequence[BestAnswer]) -> bytes:
+    """``BestResponse`` JSON of ``answers`` (``BestAnswer.item_json``)."""
+    return ('{"items":[' + ",".join(a.item_json() for a in answers) + "]}").encode()
 
 
 def record_row(record: Record, source: str = "measured",
@@ -289,10 +362,9 @@ def stored_of(session: Session, workloads: Sequence[Workload]
     does."""
     keys = list(dict.fromkeys(w.key for w in workloads))
     found: list[tuple[int, Record, bool, bool]] = []
-    for start in range(0, len(keys), BATCH):
+    for among in _among(session, RecordRow.workload_key, keys):
         rows = session.execute(select(RecordRow.id, RecordRow.line, RecordRow.source,
-                                      RecordRow.verified_config)
-                               .where(RecordRow.workload_key.in_(keys[start:start + BATCH])))
+                                      RecordRow.verified_config).where(among))
         found += [(row_id, r, source == "measured", verified is not None)
                   for row_id, line, source, verified in rows
                   if (r := _read(line, row_id)) is not None]
@@ -366,12 +438,11 @@ class _Lines:
         self.texts: dict[int, str] = {}
 
     def load(self, ids: Iterable[int]) -> None:
-        """Read the lines of ``ids`` not read yet: one query per BATCH of them."""
+        """Read the lines of ``ids`` not read yet (``_among``)."""
         wanted = [i for i in dict.fromkeys(ids) if i not in self.texts]
-        for start in range(0, len(wanted), BATCH):
+        for among in _among(self.session, RecordRow.id, wanted):
             rows = self.session.execute(
-                select(RecordRow.id, cast(RecordRow.line, Text))
-                .where(RecordRow.id.in_(wanted[start:start + BATCH])))
+                select(RecordRow.id, cast(RecordRow.line, Text)).where(among))
             self.texts.update((row_id, text) for row_id, text in rows)
 
     def record(self, row_id: int) -> Record | None:
@@ -418,13 +489,11 @@ class _Lines:
 def _candidates(session: Session, keys: Sequence[str], tier: Any
                 ) -> dict[str, list[Stored[int]]]:
     """One tier's stored candidates of the workloads ``keys``, in storage order: one
-    query per BATCH keys (a records/best request holds at most that many)."""
+    query (``_among``)."""
     out: dict[str, list[Stored[int]]] = {}
-    for start in range(0, len(keys), BATCH):
+    for among in _among(session, RecordRow.workload_key, keys):
         rows = session.execute(
-            select(*_STORED)
-            .where(RecordRow.workload_key.in_(keys[start:start + BATCH]), _RANKED, tier)
-            .order_by(RecordRow.id))
+            select(*_STORED).where(among, _RANKED, tier).order_by(RecordRow.id))
         for key, entries in _stored(rows).items():
             out.setdefault(key, []).extend(entries)
     return out
@@ -463,6 +532,11 @@ def _pick_all(workloads: dict[str, Workload], ranked: dict[str, list[Ranked[int]
     return winners
 
 
+# Workloads a records/best request reads both tiers of in one query.
+FEW_WORKLOADS = 16
+
+
+@_gc_paused()
 def best(session: Session, workloads: Sequence[Workload], target: Target,
          limits: DeviceLimits | None = None) -> list[BestAnswer]:
     """The one ApplyHistoryBest rule (``compiler.templates.history``) over the stored
@@ -473,8 +547,9 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
 
     A batch costs one query per tier, not per workload: this device's candidates (ids,
     targets, costs) of every workload asked, then the other devices' of those still
-    without a winner; the lines are read in rounds shared by all workloads, only as far
-    as each winner (``_pick_all``)."""
+    without a winner (up to FEW_WORKLOADS workloads: both tiers in one query); the lines
+    are read in rounds shared by all workloads, only as far as each winner
+    (``_pick_all``)."""
     keys = [w.key for w in workloads]  # a key is computed each time: once here
     asked = dict(zip(keys, workloads))  # one workload per key (one key's are alike)
     lines = _Lines(session)
@@ -488,14 +563,22 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
     here = (and_(RecordRow.target_kind.concat("") == target.kind,
                  RecordRow.target_model.concat("") == target.model)
             if target.model != "unknown" else None)
-    if here is not None:
+    by_key = (or_(*[RecordRow.target_keys.contains(f",{k},", autoescape=True)
+                    for k in target.keys]) if target.keys else None)
+    if len(asked) <= FEW_WORKLOADS:
+        # a few workloads (a build asking layer by layer): both tiers in one query, one
+        # round trip fewer; reading the other devices' few rows too costs less
+        tiers = [tier for tier in (here, by_key) if tier is not None]
+        if tiers:
+            winners = _pick_all(asked, {key: rank(entries, target) for key, entries in
+                                        _candidates(session, list(asked), or_(*tiers)).items()},
+                                lines, limits)
+    elif here is not None:
         winners = _pick_all(asked, {key: rank(entries, target) for key, entries
                                     in _candidates(session, list(asked), here).items()},
                             lines, limits)
     rest = [key for key in asked if key not in winners]
-    if rest and target.keys:
-        by_key = or_(*[RecordRow.target_keys.contains(f",{k},", autoescape=True)
-                       for k in target.keys])
+    if rest and by_key is not None and len(asked) > FEW_WORKLOADS:
         others = _candidates(session, rest, by_key if here is None
                              else and_(by_key, not_(here)))
         ranked = {key: [r for r in rank(entries, target) if r.source != THIS_DEVICE]
@@ -508,7 +591,7 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
             answers.append(BestAnswer(workload, None, "none"))
             continue
         rule = "model" if won.source == THIS_DEVICE else f"target_key:{won.key}"
-        answers.append(BestAnswer(workload, json.loads(lines.texts[won.item]), rule))
+        answers.append(BestAnswer(workload, lines.texts[won.item], rule))
     return answers
 
 
@@ -553,25 +636,13 @@ def _winner_ids(groups: Any) -> Any:
             .where(w.id.in_(cheapest)))
 
 
-def pretuned_log(session: Session, target: Target) -> tuple[list[str], str]:
-    """Best record per (device model, workload) among ``target``'s records, as AutoTVM
-    lines, plus an ETag that changes whenever the answer does.
+Group = tuple[str, str]  # (workload key, device model): one line of a pretuned log
 
-    Each group's winner is the rule's this-device choice (``history.device_order`` then
-    ``history.pick``, limits unknown): verified configs by their median first, then
-    measured, then cheapest, then first stored, and only a config that decodes in the
-    template's space; a verified winner's line is its median measurement. A line is sent
-    as stored (every stored line is ``Record.to_line()``), not re-serialised."""
-    groups: dict[tuple[str, str], list[Stored[int]]] = {}  # (workload key, model)
-    # _RANKED as two disjoint halves: the working records through their index
-    # (ix_records_groups), the failed verification rounds through ix_records_verified;
-    # an OR of the two scans the table on SQLite (1.4x slower over 100k records)
-    columns = (*_STORED, RecordRow.target_model)
-    where = _target_filter(target)
-    rows = session.execute(union_all(
-        select(*columns).where(RecordRow.error_no == 0, *where),
-        select(*columns).where(RecordRow.verified_config.is_not(None),
-                               RecordRow.error_no != 0, *where)).order_by("id"))
+
+def _log_winners(session: Session, rows: Iterable[Any]) -> dict[Group, str | None]:
+    """The winning line of each group that ``rows`` (all of the group's ranked rows, in
+    storage order) name, or None where no config may be used."""
+    groups: dict[Group, list[Stored[int]]] = {}
     for row_id, key, text, cost, error_no, source, verified, model in rows:
         row_target = _target_of(text)
         if row_target is not None:
@@ -581,19 +652,152 @@ def pretuned_log(session: Session, target: Target) -> tuple[list[str], str]:
                for group, entries in groups.items()}
     lines = _Lines(session)
     lines.load(ids[0] for ids in ordered.values() if ids)
-    winners: list[tuple[str, str, str]] = []
+    winners: dict[Group, str | None] = {}
     # workload by workload, so the template's space is built once for all its models
     for (key, model), ids in sorted(ordered.items()):
         workload = _workload_of(key)
-        if workload is None:
-            continue
-        candidates = (Ranked(THIS_DEVICE, None, i) for i in ids)
-        verdict = pick(workload, candidates, lines.reader(ids))
-        if verdict.winner is not None:
-            winners.append((model, key, lines.texts[verdict.winner.item]))
-    out = [text for _model, _key, text in sorted(winners)]
-    etag = hashlib.sha256("\n".join(out).encode()).hexdigest()[:32]
-    return out, f'"{etag}"'
+        verdict = (None if workload is None else
+                   pick(workload, (Ranked(THIS_DEVICE, None, i) for i in ids),
+                        lines.reader(ids)))
+        won = None if verdict is None else verdict.winner
+        winners[key, model] = None if won is None else lines.texts[won.item]
+    return winners
+
+
+_LOG_COLUMNS = (*_STORED, RecordRow.target_model)
+
+
+def _log_rows(session: Session, clauses: Sequence[Any]) -> Any:
+    """The ranked rows (``_RANKED``) under ``clauses``, in storage order, as
+    ``_log_winners`` reads them: as two disjoint halves, the working records through
+    their index (ix_records_groups), the failed verification rounds through
+    ix_records_verified; an OR of the two scans the table on SQLite (1.4x slower over
+    100k records)."""
+    return session.execute(union_all(
+        select(*_LOG_COLUMNS).where(RecordRow.error_no == 0, *clauses),
+        select(*_LOG_COLUMNS).where(RecordRow.verified_config.is_not(None),
+                                    RecordRow.error_no != 0, *clauses)).order_by("id"))
+
+
+def _template_or_none(name: str) -> Any:
+    try:
+        return get_template(name)
+    except UnknownTemplateError:
+        return None
+
+
+@dataclass
+class _Log:
+    """One target's pretuned log as last computed, and what it was computed from: the
+    target's rows up to id ``seen`` (``count`` of them; ``top``: the line hash of row
+    ``seen``) and the templates that checked the configs."""
+
+    seen: int
+    count: int
+    top: str | None
+    templates: dict[str, Any]
+    winners: dict[Group, str | None]
+    lines: list[str] = field(default_factory=list)
+    etag: str = ""
+
+    def fresh(self) -> None:
+        """The answer from ``winners``: lines by (model, workload), and their ETag."""
+        self.lines = [text for (_key, _model), text in
+                      sorted(self.winners.items(), key=lambda w: (w[0][1], w[0][0]))
+                      if text is not None]
+        digest = hashlib.sha256("\n".join(self.lines).encode()).hexdigest()[:32]
+        self.etag = f'"{digest}"'
+        names = {w.template for key, _model in self.winners
+                 if (w := _workload_of(key)) is not None}
+        self.templates = {name: _template_or_none(name) for name in names}
+
+
+# (database, target kind, model or None) -> that target's log. A log is kept while the
+# records it was computed from are: a fetch then reads the rows stored since (a tuning
+# fleet's few) and picks again only their groups' winners.
+_LOGS: dict[tuple[str, str, str | None], _Log] = {}
+MAX_LOGS = 32
+_LOGS_LOCK = threading.Lock()
+
+
+@_gc_paused()
+def pretuned_log(session: Session, target: Target) -> tuple[list[str], str]:
+    """Best record per (device model, workload) among ``target``'s records, as AutoTVM
+    lines, plus an ETag that changes whenever the answer does.
+
+    Each group's winner is the rule's this-device choice (``history.device_order`` then
+    ``history.pick``, limits unknown): verified configs by their median first, then
+    measured, then cheapest, then first stored, and only a config that decodes in the
+    template's space; a verified winner's line is its median measurement. A line is sent
+    as stored (every stored line is ``Record.to_line()``), not re-serialised.
+
+    Computed once per process and target, then kept up to date: each fetch counts the
+    target's rows up to the last one read and reads the rows stored after it; only the
+    groups those rows belong to are picked again, reading their rows anew. Any other
+    change (a row deleted, a row committed late under a lower id, the last row read
+    replaced, a template registered anew) computes the whole log again. Several
+    server processes each keep their own, all read from the database."""
+    where = _target_filter(target)
+    name = (session.get_bind().url.render_as_string(hide_password=False), target.kind,
+            target.model if target.option("model") else None)
+    with _LOGS_LOCK:
+        kept = _LOGS.pop(name, None)
+        if kept is not None and not _update(session, kept, where):
+            kept = None
+        if kept is None:
+            kept = _compute_log(session, where)
+        _LOGS[name] = kept
+        while len(_LOGS) > MAX_LOGS:
+            del _LOGS[next(iter(_LOGS))]
+        return list(kept.lines), kept.etag
+
+
+def _compute_log(session: Session, where: Sequence[Any]) -> _Log:
+    """The whole log, from one read of the target's rows."""
+    count, seen = session.execute(select(func.count(), func.max(RecordRow.id))
+                                  .where(*where)).one()
+    seen = seen or 0
+    winners = _log_winners(session, _log_rows(session, [*where, RecordRow.id <= seen]))
+    log = _Log(seen, count, _line_hash_of(session, seen), {}, winners)
+    log.fresh()
+    return log
+
+
+def _line_hash_of(session: Session, row_id: int) -> str | None:
+    return session.scalar(select(RecordRow.line_hash).where(RecordRow.id == row_id))
+
+
+def _update(session: Session, log: _Log, where: Sequence[Any]) -> bool:
+    """Bring ``log`` up to date with the rows stored since it was computed; False when
+    the rows it was computed from changed otherwise (then it is computed anew)."""
+    if any(_template_or_none(name) is not template
+           for name, template in log.templates.items()):
+        return False
+    last = aliased(RecordRow)  # the row read last, whatever the target's rows are now
+    count, newest, top = session.execute(
+        select(func.count(case((RecordRow.id <= log.seen, 1))), func.max(RecordRow.id),
+               select(last.line_hash).where(last.id == log.seen).scalar_subquery())
+        .where(*where)).one()
+    if count != log.count or top != log.top:
+        return False
+    if newest is None or newest == log.seen:
+        return True
+    added = [RecordRow.id > log.seen, RecordRow.id <= newest]
+    new = session.execute(select(RecordRow.workload_key, RecordRow.target_model)
+                          .where(*where, *added)).all()
+    groups = {(key, model) for key, model in new}
+    keys = sorted({key for key, _model in groups})
+    rows = []
+    for among in _among(session, RecordRow.workload_key, keys):
+        rows += [row for row in _log_rows(session, [*where, RecordRow.id <= newest, among])
+                 if (row.workload_key, row.target_model) in groups]
+    rows.sort(key=lambda row: row.id)
+    log.winners.update(_log_winners(session, rows))
+    for group in groups:  # a group of new failed rows only: nothing ranked yet
+        log.winners.setdefault(group, None)
+    log.seen, log.count, log.top = newest, log.count + len(new), _line_hash_of(session, newest)
+    log.fresh()
+    return True
 
 
 def workload_flops(template: str, args: Any) -> float | None:
