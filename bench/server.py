@@ -34,14 +34,16 @@ database, so on a 2-core box they compete for the same CPUs: the figures are a f
 (1,000) simulated workers, a quarter on each of 4 targets with a job each, long-poll
 (``wait_s`` ``--load-wait``, ``max_trials`` ``--load-batch``), sleep ``--load-measure-s``
 a trial in place of measuring, report synthetic costs, for ``--load-seconds`` (60) after
-the ramp and warm-up. asyncio + httpx in ``--load-procs`` processes (one connection per
-worker; requests are built from the ``schemas.api`` models and sent to
-``TunerClient.url_of`` routes, as tuner_client's are, but not through its sync client).
+the ramp and warm-up. asyncio in ``--load-procs`` processes, one keep-alive HTTP/1.1
+connection per worker written by hand (httpx's shared pool costs O(workers) per call);
+request bodies have the ``schemas.api`` models' wire shape and go to
+``TunerClient.url_of`` routes, as tuner_client's do, but not through its sync client.
 Printed: dispatch and record rates, lease and results p50/p99, error rate, trials
 leased twice at once (a lease of a trial another unexpired lease held, or of a trial
 whose result was accepted) and lost results (accepted, but no record in the database
 after the run); each must be 0 (the exit status is 1 otherwise); CPU of the server
-processes and of the load generator over the window, from /proc.
+processes and of the load generator over the window, from /proc, in cores and per call
+(the dispatch phase prints the server's too).
 
     .venv/bin/python bench/server.py --load                              # 1,000 x 60 s
     .venv/bin/python bench/server.py --load --load-workers 200 --load-seconds 15
@@ -51,6 +53,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import json
 import math
 import multiprocessing as mp
 import os
@@ -71,6 +75,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -81,7 +86,6 @@ from schemas.api import (
     LeaseRequest,
     Registered,
     Results,
-    ResultsAccepted,
     TrialResult,
     WorkerRegistration,
 )
@@ -305,6 +309,8 @@ class DispatchResult:
     empty_leases: int
     server_leased_s: float
     server_recorded_s: float
+    server_cores: float  # CPU of the server processes over the window, from /proc
+    calls: int  # lease and results calls completed in the window
     errors: list[str] = field(default_factory=list)
 
 
@@ -337,13 +343,14 @@ def run_dispatch(base: str, tokens: dict[str, str], args: argparse.Namespace) ->
         send.close()
         pipes.append(recv)
         procs.append(p)
-    # server-side counters at the window's edges, as a cross-check
+    # server-side counters (and the server's CPU) at the window's edges, as a cross-check
+    server_pids = _server_pids(int(base.rsplit(":", 1)[1]))
     while time.time() < t_measure:
         time.sleep(0.01)
-    m0, tm0 = metrics(base), time.time()
+    m0, tm0, cpu0 = metrics(base), time.time(), _cpu_s(server_pids)
     while time.time() < t_end:
         time.sleep(0.01)
-    m1, tm1 = metrics(base), time.time()
+    m1, tm1, cpu1 = metrics(base), time.time(), _cpu_s(server_pids)
     log: list[tuple[str, float, float, int]] = []
     errors: list[str] = []
     for recv, p in zip(pipes, procs):
@@ -369,7 +376,7 @@ def run_dispatch(base: str, tokens: dict[str, str], args: argparse.Namespace) ->
         server_leased_s=(m1["tuner_trials_leased_total"] - m0["tuner_trials_leased_total"]) / span,
         server_recorded_s=(m1["tuner_trials_recorded_total"]
                            - m0["tuner_trials_recorded_total"]) / span,
-        errors=errors)
+        server_cores=(cpu1 - cpu0) / span, calls=len(leases) + len(results), errors=errors)
 
 
 # ---------------------------------------------------------------------- best lookup
@@ -737,6 +744,10 @@ def bench_backend(backend: str, args: argparse.Namespace, workdir: Path) -> dict
               f"lease p50/p99 {d.lease_ms[0]:.1f}/{d.lease_ms[1]:.1f} ms, results "
               f"{d.results_ms[0]:.1f}/{d.results_ms[1]:.1f} ms; empty leases "
               f"{d.empty_leases}", flush=True)
+        print(f"  [{backend}] server CPU {d.server_cores:.2f} cores: "
+              f"{d.server_cores * args.seconds / max(d.calls, 1) * 1e3:.2f} ms a call, "
+              f"{d.server_cores / max(d.dispatched_s, 1e-9) * 1e3:.2f} ms a trial "
+              f"(leased and recorded)", flush=True)
         for e in d.errors[:5]:
             print(f"  [{backend}] worker error: {e}", flush=True)
     if "best" in args.phases:
@@ -936,7 +947,7 @@ def audit_leases(leases: list[tuple[int, int, float, float]],
     for trial, held in by_trial.items():
         held.sort()
         done_at = accepted.get(trial, math.inf)
-        for (_, deadline), (again, _) in zip(held, held[1:]):
+        for (_, deadline), (again, _) in itertools.pairwise(held):
             if again < deadline or again > done_at:
                 twice.append(trial)
                 break
@@ -966,82 +977,151 @@ def audit_records(url: str, reported: list[tuple[int, int, float]]
     return lost, twice
 
 
-async def _sim_worker(http: httpx.AsyncClient, api: TunerClient, name: str, target: str,
+class _Http:
+    """One simulated worker's keep-alive HTTP/1.1 connection: a request is one write of
+    prepared bytes, an answer is read by its Content-Length. httpx's shared pool looked
+    at every connection on every request (O(workers) per call): at 1,000 workers that
+    was two thirds of the load generator's CPU, so its latencies were its own queueing."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._host, self._port = host, port
+        self._head = f"Host: {host}:{port}\r\nContent-Type: application/json\r\n".encode()
+        self._auth = b""
+        self._io: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    def use_token(self, token: str) -> None:
+        self._auth = f"Authorization: Bearer {token}\r\n".encode()
+
+    async def post(self, path: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+        """(status, body) of a POST; raises OSError, EOFError or TimeoutError, the
+        connection then closed (the next call opens another)."""
+        try:
+            async with asyncio.timeout(timeout):
+                if self._io is None:
+                    self._io = await asyncio.open_connection(self._host, self._port)
+                reader, writer = self._io
+                writer.write(b"POST %s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n%s" % (
+                    path.encode(), self._head, self._auth, len(body), body))
+                head = await reader.readuntil(b"\r\n\r\n")
+                status, length, close = int(head[9:12]), -1, False
+                for line in head.lower().split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name == b"content-length":
+                        length = int(value)
+                    elif name == b"connection":
+                        close = value.strip() == b"close"
+                if length < 0:
+                    raise EOFError(f"answer without Content-Length: {head[:200]!r}")
+                answer = await reader.readexactly(length)
+        except BaseException:
+            self.close()
+            raise
+        if close:
+            self.close()
+        return status, answer
+
+    def close(self) -> None:
+        if self._io is not None:
+            self._io[1].close()
+            self._io = None
+
+
+HTTP_FAILED = (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+               TimeoutError, ValueError)
+
+
+async def _sim_worker(api: TunerClient, name: str, target: str, token: str,
                       args: argparse.Namespace, t_start: float, t_stop: float,
                       log: LoadLog, rng: random.Random) -> None:
     """Register at ``t_start``, then lease (long-poll ``--load-wait``), "measure" for
-    ``--load-measure-s`` a trial, report, until ``t_stop``; the last batch is reported."""
+    ``--load-measure-s`` a trial, report, until ``t_stop``; the last batch is reported.
+    Bodies are built from the ``schemas.api`` models once and filled in per call; an
+    answer is read as JSON for what the checks need (ids, deadlines, counts)."""
     await asyncio.sleep(max(t_start - time.time(), 0))
-    answer = await http.post(api.url_of("workers"), json=WorkerRegistration(
-        name=name, target=Target.parse(target)).model_dump(mode="json"))
-    if answer.status_code != 201:
-        log.errors.append(f"register {answer.status_code} {answer.text[:200]}")
+    url = urlsplit(api.url_of(""))
+    http = _Http(url.hostname or "127.0.0.1", url.port or 80)
+    http.use_token(token)
+    try:
+        await _sim_worker_on(http, url.path.rstrip("/"), name, target, args, t_stop, log,
+                             rng)
+    finally:
+        http.close()
+
+
+async def _sim_worker_on(http: _Http, api: str, name: str, target: str,
+                         args: argparse.Namespace, t_stop: float, log: LoadLog,
+                         rng: random.Random) -> None:
+    body = WorkerRegistration(name=name, target=Target.parse(target)).model_dump_json()
+    try:
+        status, answer = await http.post(f"{api}/workers", body.encode(), 60)
+    except HTTP_FAILED as err:
+        log.errors.append(f"register {type(err).__name__} {err}"[:200])
         return
-    me = Registered.model_validate_json(answer.content)
-    headers = {"Authorization": f"Bearer {me.token}"}
+    if status != 201:
+        log.errors.append(f"register {status} {answer[:200]!r}")
+        return
+    me = Registered.model_validate_json(answer)
+    http.use_token(me.token)
     lease_body = LeaseRequest(max_trials=args.load_batch,
-                              wait_s=args.load_wait).model_dump(mode="json")
-    lease_url, results_url = (api.url_of(f"workers/{me.id}/lease"),
-                              api.url_of(f"workers/{me.id}/results"))
+                              wait_s=args.load_wait).model_dump_json().encode()
+    one = TrialResult(trial_id=1, result=MeasureResult(
+        costs=(1e-4,), error_no=MeasureErrorNo.NO_ERROR, all_cost=args.load_measure_s,
+        timestamp=time.time())).model_dump(mode="json")  # the wire shape, filled per trial
+    lease_path, results_path = f"{api}/workers/{me.id}/lease", f"{api}/workers/{me.id}/results"
     while time.time() < t_stop:
         t0 = time.perf_counter()
         try:
-            answer = await http.post(lease_url, json=lease_body, headers=headers,
-                                     timeout=args.load_wait + 60)
-        except httpx.HTTPError as err:
+            status, answer = await http.post(lease_path, lease_body, args.load_wait + 60)
+        except HTTP_FAILED as err:
             log.calls.append(("lease", time.time(), time.perf_counter() - t0, 0, False))
             log.errors.append(f"lease {type(err).__name__} {err}"[:200])
             await asyncio.sleep(1.0)
             continue
         latency, now = time.perf_counter() - t0, time.time()
-        if answer.status_code != 200:
+        if status != 200:
             log.calls.append(("lease", now, latency, 0, False))
-            log.errors.append(f"lease {answer.status_code} {answer.text[:200]}")
+            log.errors.append(f"lease {status} {answer[:200]!r}")
             await asyncio.sleep(1.0)
             continue
-        trials = LeaseAnswer.model_validate_json(answer.content).trials
+        trials = [(t["trial_id"], t["lease_deadline"]) for t in json.loads(answer)["trials"]]
         log.calls.append(("lease", now, latency, len(trials), True))
-        log.leases += [(t.trial_id, me.id, now, t.lease_deadline or math.inf) for t in trials]
+        log.leases += [(trial, me.id, now, deadline if deadline is not None else math.inf)
+                       for trial, deadline in trials]
         if not trials:
             continue
         await asyncio.sleep(args.load_measure_s * len(trials))
-        results = Results(results=[
-            TrialResult(trial_id=t.trial_id, result=MeasureResult(
-                costs=(rng.uniform(1e-4, 1e-3),), error_no=MeasureErrorNo.NO_ERROR,
-                all_cost=args.load_measure_s, timestamp=time.time())) for t in trials])
-        body = results.model_dump(mode="json")
+        stamp = time.time()
+        body = json.dumps({"results": [
+            dict(one, trial_id=trial, result=dict(one["result"], timestamp=stamp,
+                                                  costs=[rng.uniform(1e-4, 1e-3)]))
+            for trial, _deadline in trials]}).encode()
         t0 = time.perf_counter()
         try:
-            answer = await http.post(results_url, json=body, headers=headers, timeout=60)
-        except httpx.HTTPError as err:
+            status, answer = await http.post(results_path, body, 60)
+        except HTTP_FAILED as err:
             log.calls.append(("results", time.time(), time.perf_counter() - t0, 0, False))
             log.errors.append(f"results {type(err).__name__} {err}"[:200])
             continue
         latency, now = time.perf_counter() - t0, time.time()
-        if answer.status_code != 200:
+        if status != 200:
             log.calls.append(("results", now, latency, 0, False))
-            log.errors.append(f"results {answer.status_code} {answer.text[:200]}")
+            log.errors.append(f"results {status} {answer[:200]!r}")
             continue
-        accepted = ResultsAccepted.model_validate_json(answer.content)
-        log.calls.append(("results", now, latency, accepted.accepted, True))
-        log.reported += [(t.trial_id, me.id, now) for t in trials]
+        log.calls.append(("results", now, latency, int(json.loads(answer)["accepted"]), True))
+        log.reported += [(trial, me.id, now) for trial, _deadline in trials]
 
 
 def load_proc(base: str, token: str, workers: list[tuple[str, str, float]],
               args: argparse.Namespace, t_stop: float, out: Any) -> None:
     """One load process: ``workers`` as (name, target, start time) coroutines on one
-    event loop and one connection pool (a connection each: they long-poll at once)."""
+    event loop, a connection each (they long-poll at once)."""
     log = LoadLog()
-    api = TunerClient(base, token)  # names the routes; requests go through ``http``
+    api = TunerClient(base, token)  # names the routes; requests go through ``_Http``
 
     async def main() -> None:
-        limits = httpx.Limits(max_connections=len(workers) + 8,
-                              max_keepalive_connections=len(workers) + 8)
-        async with httpx.AsyncClient(limits=limits, timeout=60,
-                                     headers={"Authorization": f"Bearer {token}"}) as http:
-            rng = random.Random(os.getpid())
-            await asyncio.gather(*(_sim_worker(http, api, name, target, args, start, t_stop,
-                                               log, rng) for name, target, start in workers))
+        rng = random.Random(os.getpid())
+        await asyncio.gather(*(_sim_worker(api, name, target, token, args, start, t_stop,
+                                           log, rng) for name, target, start in workers))
 
     asyncio.run(main())
     api.close()
@@ -1095,6 +1175,7 @@ class LoadResult:
     server_cpu_s: float
     load_cpu_s: float
     seconds: float
+    window_calls: int  # lease and results calls completed in the window
     examples: list[str] = field(default_factory=list)
 
 
@@ -1174,7 +1255,8 @@ def run_load(base: str, url: str, tokens: dict[str, str], args: argparse.Namespa
         calls=len(log.calls), errors=sum(1 for c in log.calls if not c[4]) + sum(
             1 for e in log.errors if e.startswith("register")),
         double_leases=double, lost=len(lost), recorded_twice=len(twice),
-        server_cpu_s=cpu1 - cpu0, load_cpu_s=load1 - load0, seconds=span, examples=examples)
+        server_cpu_s=cpu1 - cpu0, load_cpu_s=load1 - load0, seconds=span,
+        window_calls=len(window), examples=examples)
 
 
 def bench_load(args: argparse.Namespace, workdir: Path) -> LoadResult:
@@ -1203,6 +1285,10 @@ def bench_load(args: argparse.Namespace, workdir: Path) -> LoadResult:
           f"{r.server_cpu_s / r.seconds:.2f} cores, load generator "
           f"{r.load_cpu_s / r.seconds:.2f} cores; the rest: PostgreSQL, Redis and the "
           f"machine's other work")
+    print(f"  per call in the window ({r.window_calls}): server "
+          f"{r.server_cpu_s / max(r.window_calls, 1) * 1e3:.2f} ms, load generator "
+          f"{r.load_cpu_s / max(r.window_calls, 1) * 1e3:.2f} ms; server per trial "
+          f"{r.server_cpu_s / max(r.dispatched_s * args.load_seconds, 1) * 1e3:.2f} ms")
     for e in r.examples:
         print(f"  [load] {e}")
     return r
