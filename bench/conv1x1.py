@@ -79,20 +79,16 @@ def prepared(device: Device, workload: Workload, blocked: bool) -> Callable[[], 
 
 def model_main(device: Device, name: str, rounds: int, clock: Callable[[], float]) -> int:
     """``--model``: the Winograd build against Winograd + the 1x1 template."""
-    import onnx
-    from winograd import without_final_softmax
+    from winograd import light_model
 
     import onnxruntime as ort
     from compiler.build_module import build, load_graph
-    from compiler.frontend.samples import light_path, runner_input, with_random_weights
     from compiler.passes import optimize
     from compiler.records import MemorySource
     from compiler.tasks import WINOGRAD_CPU, extract_tasks
     from schemas import MeasureErrorNo, MeasureResult, Record
 
-    model = without_final_softmax(with_random_weights(onnx.load(light_path(name)), seed=0))
-    x = np.random.default_rng(1).uniform(0, 1, size=runner_input(model).shape)
-    x = x.astype(np.float32)
+    model, x = light_model(name, seed=0)
     session = ort.InferenceSession(model.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     want = session.run(None, {session.get_inputs()[0].name: x})[0]

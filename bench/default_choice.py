@@ -41,14 +41,12 @@ import numpy as np
 from common import cpu_model, git_revision
 from conv1x1 import CHECK, DATA_BLOCK, cpu_seconds
 from models import onnxruntime_timer
-from winograd import without_final_softmax
+from winograd import light_model
 
 from compiler.build_module import build, load_graph
 from compiler.frontend.samples import (
     LIGHT_MODELS,
     light_path,
-    runner_input,
-    with_random_weights,
 )
 from compiler.ir import Graph, Node
 from compiler.passes import optimize
@@ -195,12 +193,8 @@ def first_foreign(graph: Graph, source: MemorySource, device: Device) -> list[Re
 
 def whole_model(device: Device, name: str, source: MemorySource, rounds: int) -> None:
     """Part 2: the model's builds against onnxruntime, alternating."""
-    import onnx
 
-    model = without_final_softmax(with_random_weights(onnx.load(light_path(name)),
-                                                      seed=LIGHT_MODELS.index(name)))
-    x = np.random.default_rng(1).uniform(0, 1, size=runner_input(model).shape)
-    x = x.astype(np.float32)
+    model, x = light_model(name, seed=LIGHT_MODELS.index(name))
     ort_run, _ = onnxruntime_timer(model, x)
     want = ort_run()
     graph = optimize(load_graph(model))

@@ -33,10 +33,10 @@ from collections import defaultdict
 import numpy as np
 from common import cpu_model, git_revision, host_seconds, onnxruntime_conv
 from models import onnxruntime_timer
-from winograd import without_final_softmax
+from winograd import light_model
 
 from compiler.build_module import Module, build, load_graph
-from compiler.frontend.samples import LIGHT_MODELS, light_path, runner_input, with_random_weights
+from compiler.frontend.samples import LIGHT_MODELS
 from compiler.passes import optimize
 from compiler.records import MemorySource
 from compiler.runtime import Device, open_device
@@ -91,12 +91,8 @@ def label_of(workload: Workload) -> str:
 
 
 def model_main(device: Device, name: str, rounds: int, top: int) -> None:
-    import onnx
 
-    model = without_final_softmax(with_random_weights(onnx.load(light_path(name)),
-                                                      seed=LIGHT_MODELS.index(name)))
-    x = np.random.default_rng(1).uniform(0, 1, size=runner_input(model).shape)
-    x = x.astype(np.float32)
+    model, x = light_model(name, seed=LIGHT_MODELS.index(name))
     ort_run, ort_seconds = onnxruntime_timer(model, x)
     want = ort_run()
     graph = optimize(load_graph(model))

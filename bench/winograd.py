@@ -223,21 +223,29 @@ def without_final_softmax(model: Any) -> Any:
     return new
 
 
+def light_model(name: str, seed: int) -> tuple[Any, np.ndarray]:
+    """One of the light models with random weights (``seed``) and no final softmax, and
+    its input: what every whole-model bench compares builds and onnxruntime on."""
+    import onnx
+
+    from compiler.frontend.samples import light_path, runner_input, with_random_weights
+
+    model = without_final_softmax(with_random_weights(onnx.load(light_path(name)), seed=seed))
+    x = np.random.default_rng(1).uniform(0, 1, size=runner_input(model).shape)
+    return model, x.astype(np.float32)
+
+
 def cpu_model_main(device: Device, name: str, rounds: int) -> int:
     """``--cpu-model``: onnxruntime, the default build and the Winograd build, one run."""
-    import onnx
     from models import onnxruntime_timer
 
     from compiler.build_module import build, load_graph
-    from compiler.frontend.samples import light_path, runner_input, with_random_weights
     from compiler.passes import optimize
     from compiler.records import MemorySource
     from compiler.tasks import extract_tasks
     from schemas import MeasureErrorNo, MeasureResult, Record
 
-    model = without_final_softmax(with_random_weights(onnx.load(light_path(name)), seed=0))
-    x = np.random.default_rng(1).uniform(0, 1, size=runner_input(model).shape)
-    x = x.astype(np.float32)
+    model, x = light_model(name, seed=0)
     ort_run, ort_seconds = onnxruntime_timer(model, x)
     want = ort_run()
     graph = optimize(load_graph(model))
