@@ -19,8 +19,10 @@ And, per process, an empty kernel's build and first launch: PoCL's fixed cost pe
 The two forms are built in alternating order. Every figure is under whatever else runs.
 
 Usage: python bench/compile_phases.py [--configs 6] [--seed 2]
-       POCL_CACHE_DIR=$(mktemp -d) POCL_DEBUG=timing,llvm \
-           python bench/compile_phases.py --seed 2 --one 3   # PoCL's own phase timings
+       CACHE=$(mktemp -d); POCL_CACHE_DIR=$CACHE TUNER_KERNEL_CACHE=$CACHE \
+           POCL_DEBUG=timing,llvm python bench/compile_phases.py --seed 2 --one 3
+           # PoCL's own phase timings; both variables name the fresh cache, since the
+           # runtime points PoCL at $TUNER_KERNEL_CACHE when that is set
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def main() -> None:
     parser.add_argument("--configs", type=int, default=6)
     parser.add_argument("--seed", type=int, default=2)
     parser.add_argument("--one", type=int, metavar="N",
-                        help="config N alone, in this process and its POCL_CACHE_DIR, "
+                        help="config N alone, in this process and its kernel cache, "
                              "as JSON (what each config's child runs; with "
                              "POCL_DEBUG=timing,llvm PoCL prints its phases)")
     opts = parser.parse_args()
@@ -144,7 +146,9 @@ def main() -> None:
     empties = []
     for index in range(opts.configs):
         with tempfile.TemporaryDirectory() as cache:
-            env = dict(os.environ, POCL_CACHE_DIR=cache)
+            # both: the runtime points PoCL at TUNER_KERNEL_CACHE where that is set, and a
+            # cold compile needs a cache nothing was compiled into
+            env = dict(os.environ, POCL_CACHE_DIR=cache, TUNER_KERNEL_CACHE=cache)
             done = subprocess.run([sys.executable, __file__, "--seed", str(opts.seed),
                                    "--one", str(index)], env=env, check=True,
                                   capture_output=True, text=True)

@@ -119,7 +119,8 @@ def _cpu_preferred(node: Node) -> str:
     with enough input channels to pay for its transforms, the direct template elsewhere.
     Not the 1x1 template: its default ran at 0.82-1.01x the direct default's speed on
     ResNet-50's 1x1 layers once the direct default kept AVX2's registers (bench/conv1x1.py,
-    CPU seconds), so a build takes it only where its record measured faster."""
+    CPU seconds, measured on a Zen 1 AVX2 VM; a later VM is Zen 4 AVX-512, where PoCL
+    targets skylake-avx512), so a build takes it only where its record measured faster."""
     if _winograd_fits(node) and node.inputs[0].ty.shape[1] >= WINOGRAD_MIN_CHANNELS:
         return WINOGRAD_CPU
     return CONV_CPU

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -81,6 +82,52 @@ def test_the_kernel_cache_is_ours_and_shared_by_every_child(
     assert child.kernel_cache_dir() == tmp_path / "xdg" / "tuner" / "kernels"
 
 
+# Run in a child: ``_cl`` points PoCL's cache once per process (``opencl._cache_shared``).
+CL_CACHE_SCRIPT = """
+import os, sys, tempfile
+from pathlib import Path
+
+cache = Path(sys.argv[1])
+if sys.argv[2] == "unwritable":
+    cache.mkdir()
+    cache.chmod(0o555)
+    if os.geteuid() == 0:  # root writes past the mode bits: the refusal is simulated
+        create = tempfile.TemporaryFile
+
+        def refuse(*args, **kwargs):
+            if Path(kwargs.get("dir") or "") == cache:
+                raise PermissionError(13, "Permission denied", str(cache))
+            return create(*args, **kwargs)
+
+        tempfile.TemporaryFile = refuse
+from compiler.runtime import opencl
+
+try:
+    opencl._cl()
+except ImportError:  # no pyopencl: the cache was chosen before the import
+    pass
+print(os.environ.get("POCL_CACHE_DIR", "<unset>"))
+"""
+
+
+@pytest.mark.parametrize("kind", ["writable", "unwritable"])
+def test_an_unwritable_kernel_cache_is_not_given_to_pocl(tmp_path: Path, kind: str) -> None:
+    """A cache folder that exists but takes no file leaves POCL_CACHE_DIR unset (PoCL keeps
+    its default cache) instead of a cache PoCL cannot save kernels in."""
+    cache = tmp_path / "kernels"
+    env = {k: v for k, v in os.environ.items() if k != child.POCL_CACHE_ENV}
+    env.update({child.CACHE_ENV: str(cache), "PYTHONPATH": str(HERE.parent)})
+    try:
+        done = subprocess.run([sys.executable, "-c", CL_CACHE_SCRIPT, str(cache), kind],
+                              env=env, cwd=HERE.parent, capture_output=True, text=True,
+                              timeout=120, check=True)
+    finally:
+        if cache.exists():
+            cache.chmod(0o755)  # so that pytest can remove it
+    assert done.stdout.strip() == (str(cache) if kind == "writable" else "<unset>")
+    assert list(cache.iterdir()) == []  # the probe's file is gone
+
+
 def test_the_switch_turns_building_ahead_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert prebuild_enabled() and lease_batch() >= 4
     monkeypatch.setenv(SWITCH_ENV, "0")
@@ -123,6 +170,25 @@ def test_a_builder_launches_one_work_group_per_stage() -> None:
     assert [(s.entry, s.block, s.args) for s in launched.stages] == [
         (s.entry, s.block, s.args) for s in kernel.stages]
     assert launched.source == kernel.source
+
+
+@needs_opencl
+def test_warm_launches_one_work_group_per_stage(device: Any,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``warm`` builds and launches ``one_group(kernel)``, not the whole grid."""
+    from compiler.runtime.prebuild import warm
+
+    launched: list[Any] = []
+    monkeypatch.setattr(device, "run", lambda program, kernel, buffers: launched.append(
+        kernel))
+    for name in (WINOGRAD, DIRECT):
+        workload = Workload(template=name, args=SMALL_CONV)
+        request = MeasureRequest(name, workload, get_template(name).default_config(workload),
+                                 FAST)
+        assert warm(device, request, launch=True) == (0, "")
+    assert [len(k.stages) for k in launched] == [3, 0]  # Winograd's three, the direct one
+    grids = [k.grid for k in launched] + [s.grid for k in launched for s in k.stages]
+    assert grids == [(1, 1, 1)] * 5
 
 
 @needs_opencl

@@ -24,7 +24,6 @@ from compiler.tasks import (
     DEPTHWISE,
     WINOGRAD,
     WINOGRAD_CPU,
-    WINOGRAD_MIN_CHANNELS,
     candidates,
     extract_tasks,
     tuning_candidates,
@@ -195,7 +194,6 @@ def test_cpu_prefers_the_template_with_the_fastest_default() -> None:
     graph = cpu_graph()
     first = {n.name: candidates(n, CPU)[0].template for n in graph.ops()
              if n.op == "fused.conv2d"}
-    assert WINOGRAD_MIN_CHANNELS == 16
     assert first == {"stem": CONV_CPU, "wino": WINOGRAD_CPU, "strided": CONV_CPU,
                      "gemm": CONV_CPU, "padded": CONV_CPU}
     # tuning still covers direct, Winograd and 1x1, the preferred one first
@@ -218,6 +216,42 @@ def test_cpu_prefers_the_template_with_the_fastest_default() -> None:
         CONV_CPU]
     assert [w.template for w in candidates(by_name["gemm"], CPU)] == [
         CONV_CPU, CONV_GPU, CONV1X1_CPU]
+
+
+def test_winograd_untuned_from_16_input_channels_on() -> None:
+    """Winograd's transforms pay for themselves from 16 input channels (issue 17): a
+    15-channel 3x3 stride-1 conv keeps the direct template untuned, a 16-channel one
+    takes Winograd."""
+    b = GraphBuilder()
+    outputs = []
+    for c in (15, 16):
+        x = b.input(f"x{c}", (1, c, 8, 8))
+        w = b.const(RNG.uniform(-1, 1, (8, c, 3, 3)).astype(np.float32))
+        outputs.append(b.call("nn.conv2d", [x, w], f"c{c}", padding=(1, 1, 1, 1)))
+    graph = optimize(b.finish(outputs))
+    plan, _tasks, _choices = select_layers(graph, CPU, None, DeviceLimits())
+    chosen = {n.name: (c.template, c.source) for n, c in plan.items()}
+    assert chosen == {"c15": (CONV_CPU, DEFAULT), "c16": (WINOGRAD_CPU, DEFAULT)}
+
+
+def test_cpu_depthwise_takes_a_foreign_record_of_its_gpu_template() -> None:
+    """A depthwise conv has no CPU template: the GPU one is preferred there, so another
+    device's record of it counts on a CPU as well."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 8, 8))
+    w = b.const(RNG.uniform(-1, 1, (8, 1, 3, 3)).astype(np.float32))
+    graph = optimize(b.finish([b.call("nn.conv2d", [x, w], "dw", groups=8,
+                                      padding=(1, 1, 1, 1))]))
+    node = next(n for n in graph.ops() if n.name == "dw")
+    (workload,) = candidates(node, CPU)
+    assert workload.template == DEPTHWISE
+    plan, _tasks, _choices = select_layers(graph, CPU, None, DeviceLimits())
+    assert (plan[node].template, plan[node].source) == (DEPTHWISE, DEFAULT)
+    source = MemorySource([record(workload, Target.parse("opencl -model=1080ti"), 1e-4,
+                                  index=3)])
+    plan, _tasks, _choices = select_layers(graph, CPU, source, DeviceLimits())
+    assert (plan[node].template, plan[node].source) == (DEPTHWISE, OTHER_DEVICE)
+    assert plan[node].config.index == 3
 
 
 def test_untuned_cpu_build_runs_the_preferred_templates_and_matches_numpy(

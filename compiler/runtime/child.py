@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,26 @@ def cache_home() -> Path:
 
 def kernel_cache_dir() -> Path:
     """$TUNER_KERNEL_CACHE, else a POCL_CACHE_DIR the user set, else
-    ``$XDG_CACHE_HOME/tuner/kernels`` (``~/.cache/tuner/kernels``)."""
+    ``$XDG_CACHE_HOME/tuner/kernels`` (``~/.cache/tuner/kernels``).
+
+    Once ``opencl._cl`` ran in a process, POCL_CACHE_DIR as it set (or, for a cache it
+    could not write, left) it pins that process's PoCL cache for its lifetime (PoCL reads
+    it once, as it loads): changing either variable later moves only the children's cache
+    (``child_env``), not this process's."""
     for name in (CACHE_ENV, POCL_CACHE_ENV):
         value = os.environ.get(name)
         if value:
             return Path(value).expanduser()
     return cache_home() / "kernels"
+
+
+def make_writable(cache: Path) -> None:
+    """Create ``cache`` and create (and drop) a file in it: OSError when PoCL could not
+    save kernels there, e.g. a folder that exists but is not writable (mkdir alone
+    accepts that one)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=cache):
+        pass
 
 
 def child_env() -> dict[str, str]:

@@ -30,13 +30,17 @@ def _cl() -> Any:
     global _cache_shared
     if not _cache_shared:
         _cache_shared = True
-        from compiler.runtime.child import POCL_CACHE_ENV, kernel_cache_dir
+        from compiler.runtime.child import (
+            POCL_CACHE_ENV,
+            kernel_cache_dir,
+            make_writable,
+        )
 
         cache = kernel_cache_dir()
         try:
-            cache.mkdir(parents=True, exist_ok=True)
+            make_writable(cache)
             os.environ[POCL_CACHE_ENV] = str(cache)
-        except OSError:  # unwritable: PoCL keeps its default, builders go unused
+        except OSError:  # unwritable: this process keeps PoCL's default cache
             pass
     import pyopencl as cl
 

@@ -109,7 +109,9 @@ def default_reg_n(ow: int) -> int:
     registers (MLAS's 6x16 tile), where AutoTVM's reg_n up to 8 (128 accumulators, all
     16 registers, for AVX-512's 32) spills: on ResNet-50's layers the default config
     ran 1.4-2.2x faster with reg_n 4 than 8 at OW 56 and 112, up to 2.1x than 7 at OW 28,
-    1.21-1.23x weighted over all of them (bench/direct_defaults.py).
+    1.21-1.23x weighted over all of them (bench/direct_defaults.py). These figures were
+    measured on a Zen 1 AVX2 VM; a later VM is Zen 4 AVX-512, where PoCL targets
+    skylake-avx512 (32 vector registers).
     OW 7 and 14 keep 7: their factors below it (1, 2) leave too little work per step
     (reg_n 1 ran 0.5x)."""
     reg_n = _largest_factor(ow, 6)
@@ -120,9 +122,10 @@ def strided_loops(op: Conv2dOp, ic_bn: int) -> dict[str, int]:
     """The default loop knobs of a strided kernel larger than 1x1 (else none): channel
     blocks innermost (order_oc 1: a pixel block's input rows, read at stride 2, stay in
     cache while every weight block passes over them) and the ci loop unrolled by the
-    largest of ``STRIDED_UNROLL_CI`` dividing ic_bn. On ResNet-50's three 3x3 stride-2
-    layers it took 4-20% less CPU time per launch than the loops before, side by side
-    on a loaded machine (load 5-12, bench/direct_strided.py)."""
+    largest of ``STRIDED_UNROLL_CI`` dividing ic_bn; none where neither 4 nor 8 divides
+    ic_bn. On ResNet-50's three 3x3 stride-2 layers it took 4-20% less CPU time per launch
+    than the loops before, side by side on a loaded machine (load 5-12,
+    bench/direct_strided.py)."""
     if op.stride == (1, 1) or (op.kh, op.kw) == (1, 1):
         return {}
     unroll = max(u for u in (1, *STRIDED_UNROLL_CI) if ic_bn % u == 0)
@@ -204,9 +207,11 @@ class Conv2dNCHWc(Template):
         up to 16, ic_bn the largest factor of C up to oc_bn, reg_n by ``default_reg_n``
         (4-6 output x where OW allows: AVX2's register file), vec 16 (or the largest
         that divides oc_bn; 8 measured no faster on AVX2), kw unrolled, one row, one
-        work-item per group, channel blocks outermost. A 1x1 kernel's ci loop is unrolled by
-        2 (when ic_bn is even): its loop body has no kw copies to schedule loads under, and
-        the unroll was faster on every 1x1 row of ResNet-50 measured (bench/space.py).
+        work-item per group, channel blocks outermost (reg_n and vec measured on a Zen 1
+        AVX2 VM; a later VM is Zen 4 AVX-512, where PoCL targets skylake-avx512). A 1x1
+        kernel's ci loop is unrolled by 2 (when ic_bn is even): its loop body has no kw
+        copies to schedule loads under, and the unroll was faster on every 1x1 row of
+        ResNet-50 measured (bench/space.py).
         A strided kernel larger than 1x1 (ResNet-50's 3x3 stride-2 layers) runs its
         channel blocks innermost and its ci loop unrolled by ``STRIDED_UNROLL_CI`` (see
         ``strided_loops``); other kernels keep the loops as they were."""
