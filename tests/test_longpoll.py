@@ -30,6 +30,7 @@ from server_fixtures import (
 )
 
 from schemas import MeasureErrorNo, MeasureResult
+from schemas.api import FINAL, JobStatus
 from tuner_server.db.models import JobRow, TaskRow, TrialRow
 from tuner_server.db.session import make_engine
 from tuner_server.queue.notify import LeaseHub, queued_counts
@@ -317,10 +318,11 @@ def test_no_trial_leased_twice_by_concurrent_waiters(make_servers: Make, backend
     deadline = time.monotonic() + 60
     try:
         while time.monotonic() < deadline:  # plan whenever the queue ran dry
+            # a pass also plans nothing while the last plan is still leased out, and the
+            # workers may finish it right after: only the job's end ends the loop
             if planner.queued() == 0 and planner.app.state.scheduler.run_pass().planned == 0:
                 with planner.app.state.sessions() as session:
-                    if not session.scalar(select(func.count()).select_from(TrialRow)
-                                          .where(TrialRow.status != "done")):
+                    if JobStatus(session.scalar(select(JobRow.status))) in FINAL:
                         break  # everything planned was measured
             time.sleep(0.1)
     finally:
