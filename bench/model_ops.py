@@ -3,8 +3,10 @@ in a build that gives each conv layer the best CPU template by its DEFAULT confi
 
 Per light model of the onnx package (random weights, up to the logits), in one run:
 
-1. two builds: the default build (``conv2d_NCHWc.x86``'s default config everywhere, what
-   an untuned build does today) and the "best-template" build: Winograd's default config
+1. two builds: the default build (no records: what an untuned build does; since git
+   1fc6ab4 Winograd's default on 3x3 stride-1 layers of >= 16 input channels and
+   ``conv2d_NCHWc.x86``'s elsewhere, before it the direct template everywhere) and the
+   "best-template" build: Winograd's default config
    on every 3x3 stride-1 layer, the 1x1 template's on every 1x1 layer without padding,
    the direct template elsewhere (each offered as this device's fastest record, so the
    build takes it); both outputs checked against onnxruntime's;
