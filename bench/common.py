@@ -4,8 +4,10 @@ measurer's rule, and the header lines that say where the figures came from."""
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,3 +90,12 @@ def cpu_model() -> str:
     except OSError:
         pass
     return ""
+
+
+def print_header(script: str, device_name: str, extra: str = "") -> None:
+    """The lines every bench's output starts with: when, the command, the host, the
+    device and the commit measured (``extra`` appended to the host line)."""
+    print(f"# {script}  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device_name} | "
+          f"{git_revision()}{extra}")

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from common import cpu_model, git_revision
+from common import print_header
 from layers import Layer, conv_layers, select
 
 from compiler.runtime import Device, open_device
@@ -148,10 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     clock = time.perf_counter if args.wall else cpu_seconds
     rows: list[Layer] = [la for la in select(conv_layers(device.target), args.layers)
                          if la.gemm is not None]
-    print(f"# bench/conv1x1.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device.info.name} | "
-          f"{git_revision()} | io {args.io} | {'wall' if args.wall else 'CPU'} seconds")
+    print_header("bench/conv1x1.py", device.info.name, f" | io {args.io} | {'wall' if args.wall else 'CPU'} seconds")
     if args.model:
         return model_main(device, args.model, args.rounds, clock)
     print("\n| # | layer | load | direct default | 1x1 default | 1x1 / direct |")

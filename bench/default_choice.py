@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from common import cpu_model, git_revision
+from common import print_header
 from conv1x1 import CHECK, DATA_BLOCK, cpu_seconds
 from models import onnxruntime_timer
 from winograd import light_model
@@ -263,10 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-model", action="store_true", help="only the per-layer table")
     args = p.parse_args(argv)
     device = open_device()
-    print(f"# bench/default_choice.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device.info.name} | "
-          f"{git_revision()}")
+    print_header("bench/default_choice.py", device.info.name)
     import onnx
 
     source = tophub_source()

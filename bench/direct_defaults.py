@@ -20,11 +20,10 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
-from common import cpu_model, git_revision
+from common import print_header
 from conv1x1 import CHECK, DATA_BLOCK, cpu_seconds
 
 from compiler.build_module import load_graph
@@ -112,11 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="every direct-template workload (what an untuned build runs)")
     args = p.parse_args(argv)
     device = open_device()
-    print(f"# bench/direct_defaults.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device.info.name} | "
-          f"{git_revision()} | CPU seconds; ratios: the first variant's time / the "
-          "variant's")
+    print_header("bench/direct_defaults.py", device.info.name,
+                 " | CPU seconds; ratios: the first variant's time / the variant's")
     names = list(VARIANTS)
     base = names[0]
     print("\n| model | layer | layers | load | " + base + " GFLOP/s | "

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import onnxruntime as ort
-from common import cpu_model, git_revision
+from common import print_header
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler.build_module import build
@@ -63,10 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.disable(logging.WARNING)  # every layer runs default configs: no need to say so
     device = open_device(args.device)
-    print(f"# bench/grouped.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device.info.name} | "
-          f"{git_revision()}")
+    print_header("bench/grouped.py", device.info.name)
     print("| layer | plain grouped kernel (ms) | per-group split (ms) | onnxruntime (ms) "
           "| split / plain | split / onnxruntime |")
     print("|---|---|---|---|---|---|")

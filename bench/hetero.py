@@ -15,12 +15,10 @@ module's output is checked against the all-OpenCL build.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 
 import numpy as np
-from common import cpu_model, git_revision
+from common import print_header
 
 from compiler.build_module import build
 from compiler.hetero import build_hetero
@@ -57,10 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=7)
     args = p.parse_args(argv)
     device = open_device(args.device)
-    print(f"# bench/hetero.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device.info.name} | "
-          f"{git_revision()}")
+    print_header("bench/hetero.py", device.info.name)
     graph = vgg_small()
     module = build_hetero(graph, "auto", devices={args.device: device}, optimized=True,
                           number=args.number, repeat=args.repeat)

@@ -29,11 +29,10 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from collections import defaultdict
 
 import numpy as np
-from common import cpu_model, git_revision, host_seconds, onnxruntime_conv
+from common import host_seconds, onnxruntime_conv, print_header
 from models import onnxruntime_timer
 from winograd import light_model
 
@@ -165,10 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=10)
     args = p.parse_args(argv)
     device = open_device()
-    print(f"# bench/model_ops.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device.info.name} | "
-          f"{git_revision()}")
+    print_header("bench/model_ops.py", device.info.name)
     for name in args.models.split(","):
         model_main(device, name, args.rounds, args.top)
     return 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import cpu_model, git_revision
+from common import print_header
 
 from compiler.runtime import open_device
 from compiler.runtime.measure import MeasureRequest, measure
@@ -62,10 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     device = open_device()
     workload = layer(args.layer)
     target = str(device.target)
-    print(f"# bench/tuning_real.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device.info.name} | "
-          f"{git_revision()}")
+    print_header("bench/tuning_real.py", device.info.name)
     print(f"# workload: {workload.key}; {args.trials} trials per tuner, tuner tune's "
           "default measure options")
     best: dict[str, Record] = {}

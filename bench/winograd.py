@@ -35,12 +35,11 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import cpu_model, git_revision, host_seconds, onnxruntime_conv
+from common import host_seconds, onnxruntime_conv, print_header
 from tuning_real import tune
 
 from compiler.runtime import Device, open_device
@@ -74,10 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = open_device()
     target = str(device.target)
-    print(f"# bench/winograd.py  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device.info.name} | "
-          f"{git_revision()} | load average {os.getloadavg()[0]:.1f}")
+    print_header("bench/winograd.py", device.info.name, f" | load average {os.getloadavg()[0]:.1f}")
     if args.cpu_model:
         return cpu_model_main(device, args.cpu_model, args.rounds)
     if args.cpu:
