@@ -2,13 +2,15 @@
 leaves to it (no Winograd, no 1x1 template: strided 3x3, the 7x7 stem, padded 1x1),
 timed in CPU seconds, alternating, in one run (issue 17).
 
-Why: AutoTVM's default ``vec`` 16 and ``reg_n`` up to 8 (128 accumulators) were chosen
-for AVX-512; an AVX2 core has 16 registers of 8 floats, so 128 accumulators alone fill
-them (the default now takes ``default_reg_n``). Each variant below changes one or both;
-every kernel's output is checked against numpy first (the measurer's tolerance), then
-``--rounds`` alternating rounds of enough launches for ~0.2 GFLOP; the median round
-counts. Data in NCHW[16]c and the output in NCHW[oc_bn]c, as a build chains CPU convs
-(CPU seconds: see bench/conv1x1.py).
+Why: the default's register tile depends on the vector unit. An AVX2 core has 16
+registers of 8 floats, where AutoTVM's reg_n up to 8 (128 accumulators) spills: the
+8-lane default takes ``default_reg_n``'s 4-6 pixels x oc_bn 16. An AVX-512 core has 32
+registers of 16 floats and two FMA units: there the 16-lane default takes oc_bn 32 x
+reg_n up to 8 (``default_oc_bn``). Each variant below changes the default's lanes, oc_bn,
+reg_n or vec; every kernel's output is checked against numpy first (the measurer's
+tolerance), then ``--rounds`` alternating rounds of enough launches for ~0.2 GFLOP; the
+median round counts. Data in NCHW[16]c and the output in NCHW[oc_bn]c, as a build chains
+CPU convs (CPU seconds: see bench/conv1x1.py).
 
     .venv/bin/python bench/direct_defaults.py --models resnet50,densenet121
     .venv/bin/python bench/direct_defaults.py --models resnet50 --all   # every direct layer
@@ -34,25 +36,26 @@ from compiler.runtime.measure import max_abs_error_ok
 from compiler.tasks import CONV1X1_CPU, CONV_CPU, WINOGRAD_CPU, extract_tasks
 from compiler.templates import Epilogue, IOLayout, get_template
 from compiler.templates.base import from_blocked, to_blocked
-from schemas import Config, Workload
+from schemas import Config, DeviceLimits, Workload
 
 # label -> knob overrides of the default config (reg_n: the largest factor of OW up to
 # it); the first is the baseline every ratio divides
 VARIANTS: dict[str, dict[str, int]] = {
-    "reg_n<=8 (AutoTVM's; the default before)": {"reg_n": 8},
-    "default (default_reg_n)": {},
-    "default, vec 8": {"vec": 8},
-    "reg_n<=4": {"reg_n": 4},
-    "default, oc_bn 8": {"oc_bn": 8},
+    "8-lane default (AVX2)": {},
+    "16-lane default (AVX-512)": {"lanes": 16},
+    "16-lane, reg_n<=14": {"lanes": 16, "reg_n": 14},
+    "8-lane, reg_n<=8": {"reg_n": 8},
+    "8-lane, oc_bn 64, reg_n<=4": {"oc_bn": 64, "reg_n": 4},
 }
 
 
 def variant(workload: Workload, overrides: dict[str, int]) -> Config:
-    """The default config with ``overrides`` applied (``reg_n``: the largest factor of
-    OW up to the value given; ``vec`` where it divides oc_bn; ``oc_bn`` with ic_bn and
-    vec capped by it)."""
+    """The default config for ``lanes`` (8 unless given) with the other ``overrides``
+    applied (``reg_n``: the largest factor of OW up to the value given; ``vec`` where it
+    divides oc_bn; ``oc_bn`` with ic_bn and vec capped by it)."""
     template = get_template(CONV_CPU)
-    values = dict(template.space(workload).decode(template.default_config(workload)))
+    limits = DeviceLimits(simd_lanes=overrides.get("lanes", 8))
+    values = dict(template.space(workload).decode(template.default_config(workload, limits)))
     if "vec" in overrides and values["tile_oc"][1] % overrides["vec"] == 0:
         values["vec"] = overrides["vec"]
     if "oc_bn" in overrides and template.parse(workload).co % overrides["oc_bn"] == 0:

@@ -36,7 +36,7 @@ def demo(
     with open_device(device) as dev:  # closed: the measuring child opens its own
         limits, name, target = dev.limits, dev.info.name, dev.target
     rng = random.Random(seed)
-    configs = [("default", template.default_config(workload))]
+    configs = [("default", template.default_config(workload, limits))]
     configs += [(f"random {i + 1}", template.random_config(workload, rng, limits))
                 for i in range(trials)]
     console = Console(width=max(Console().width, 140))  # pipes get 80 columns

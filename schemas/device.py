@@ -25,3 +25,7 @@ class DeviceLimits(BaseModel):
     max_local_elements: int = Field(256, gt=0, le=MAX_LIMIT)
     warp_size: int = Field(32, gt=0, le=MAX_LIMIT)
     compute_units: int = Field(1, gt=0, le=MAX_LIMIT)
+    # float32 lanes of the device's native vector (OpenCL's NATIVE_VECTOR_WIDTH_FLOAT:
+    # 8 on AVX2, 16 on AVX-512); 0 where unknown. The CPU templates' defaults size their
+    # register tiles by it, as AutoTVM's x86 fallbacks do by the target's -mcpu.
+    simd_lanes: int = Field(0, ge=0, le=1024)

@@ -39,6 +39,7 @@ from compiler.runtime.measure import MeasureRequest, measure
 from compiler.templates import ConfigError, Epilogue, WorkloadError, get_template
 from compiler.templates.conv2d_nchwc import (
     DEFAULT_WG,
+    default_oc_bn,
     default_reg_n,
     default_vec,
     strided_loops,
@@ -206,6 +207,40 @@ def test_default_reg_n_keeps_avx2_registers_free() -> None:
     for ow in range(1, 300):
         reg_n = default_reg_n(ow)
         assert ow % reg_n == 0 and reg_n <= 8
+
+
+AVX512 = DeviceLimits(**{**CPU_LIMITS.model_dump(), "simd_lanes": 16})
+AVX2 = DeviceLimits(**{**CPU_LIMITS.model_dump(), "simd_lanes": 8})
+
+
+def test_a_16_lane_device_gets_two_vectors_by_up_to_8_pixels() -> None:
+    """AVX-512 (16 lanes): oc_bn 32 where it divides K, reg_n the largest factor of OW
+    up to 8; an 8-lane device, or one whose lanes are unknown, keeps the AVX2 tile."""
+    assert [default_reg_n(ow, 16) for ow in (224, 112, 56, 28, 14, 7, 12, 5)] == [
+        8, 8, 8, 7, 7, 7, 6, 5]
+    assert [default_oc_bn(co, 16) for co in (64, 256, 32, 24, 16, 3)] == [32, 32, 32, 12, 16, 3]
+    assert [default_oc_bn(co, 8) for co in (64, 24)] == [16, 12]
+    for name, wl in SWEEP.items():
+        before = TEMPLATE.default_config(wl)
+        assert TEMPLATE.default_config(wl, AVX2) == before, name
+        assert TEMPLATE.default_config(wl, DeviceLimits()) == before, name
+        wide = TEMPLATE.default_config(wl, AVX512)
+        assert TEMPLATE.check_limits(wl, wide, AVX512) == [], name
+        k, op = TEMPLATE.decode(wl, wide), TEMPLATE.parse(wl)
+        assert k["tile_oc"][1] == (32 if op.co % 32 == 0 else default_oc_bn(op.co)), name
+        assert k["tile_ow"][1] == default_reg_n(op.ow, 16) and k["vec"] == 16, name
+        assert k["tile_ic"][1] <= 16, name
+    k = TEMPLATE.decode(SWEEP["resnet50.res2.3x3"],
+                        TEMPLATE.default_config(SWEEP["resnet50.res2.3x3"], AVX512))
+    assert (k["tile_ic"], k["tile_oc"], k["tile_ow"]) == ((4, 16), (2, 32), (7, 8))
+
+
+def test_16_lane_default_configs_match_numpy(measure_pool: MeasurePool) -> None:
+    results = measure_pool.map([
+        MeasureRequest(NAME, wl, TEMPLATE.default_config(wl, AVX512), OPTIONS)
+        for wl in SWEEP.values()])
+    failed = [(req, res) for req, res in results if not res.ok]
+    assert not failed, describe_failures(failed)
 
 
 def test_a_config_without_opencl_knobs_gets_their_defaults() -> None:

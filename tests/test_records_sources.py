@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import CONV, RESNET50_CONV, TOPHUB_DIR, VGG16_CONV
+from conftest import CONV, RESNET50_CONV, TOPHUB_DIR, VGG16_CONV, nchwc_workload
 from server_fixtures import free_port, live_server
 
 from compiler.records import (
@@ -151,6 +151,20 @@ def test_this_device_wins_even_when_slower(tophub: LogSource) -> None:
     assert choice.source == THIS_DEVICE and choice.key is None
     assert choice.record == mine and choice.origin == "embedded database"
     assert choice.cost == pytest.approx(1e-3)
+
+
+def test_the_default_follows_the_devices_vector_lanes() -> None:
+    """With no record, a CPU template's default is sized for the device's lanes: what
+    an untuned build on an AVX-512 CPU runs is its wider default, not the AVX2 one."""
+    workload = nchwc_workload(1, 64, 56, 64, 3, 1, 1)
+    template = get_template(workload.template)
+    wide = DeviceLimits(simd_lanes=16)
+    (choice,) = choose_configs([workload], None, POCL, wide)
+    assert choice.source == DEFAULT
+    assert choice.config == template.default_config(workload, wide)
+    assert choice.config != template.default_config(workload)
+    (narrow,) = choose_configs([workload], None, POCL, DeviceLimits(simd_lanes=8))
+    assert narrow.config == template.default_config(workload)
 
 
 def test_failed_measurements_are_never_candidates(tophub: LogSource) -> None:

@@ -63,6 +63,15 @@ def test_warp_size_comes_from_the_device(vendor: str, wavefront: int | None,
     assert limits.warp_size == expected
 
 
+def test_simd_lanes_come_from_the_device() -> None:
+    """A CPU driver's native float vector width sizes the CPU templates' defaults; a
+    driver that fails the query leaves it unknown (0)."""
+    device = fake_device("Intel(R) Corporation")
+    assert backend._limits(device).simd_lanes == 0
+    device.native_vector_width_float = 16  # type: ignore[attr-defined]
+    assert backend._limits(device).simd_lanes == 16
+
+
 def test_rocm_target_from_the_vendor_string() -> None:
     platform = types.SimpleNamespace(name="AMD Accelerated Parallel Processing")
     device = fake_device("Advanced Micro Devices, Inc.")

@@ -11,13 +11,13 @@ from server_fixtures import TOPHUB_DIR
 from sqlalchemy import select
 
 from compiler.templates import get_template
-from schemas import Config, Target, Workload
+from schemas import Config, DeviceLimits, Target, Workload
 from schemas.api import JobRequest
 from tuner_server.db.models import TaskRow, TrialRow
 from tuner_server.db.session import make_engine, session_factory, upgrade
 from tuner_server.queue.sql import SqlQueue
 from tuner_server.search.lgbm import LGBMTuner
-from tuner_server.services import jobs, records
+from tuner_server.services import dispatch, jobs, records
 from tuner_server.services.scheduler import SearchState, plan_once
 
 TARGET = Target.parse("cuda -model=h200")
@@ -82,3 +82,31 @@ def test_the_servers_scheduler_fits_the_global_model_apart(tmp_path: Path) -> No
     (tuner,) = state.tuners.values()
     assert isinstance(tuner, LGBMTuner)
     assert tuner.prior is not None and tuner.prior.n_workloads > 100
+
+
+def test_the_first_plan_runs_the_default_sized_for_the_workers_lanes(tmp_path: Path) -> None:
+    """The default a job plans first (and verifies at its end) is the one an untuned
+    build on the fleet's devices runs: with 16-lane (AVX-512) workers registered, the
+    CPU template's wider default."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    upgrade(engine)
+    sessions = session_factory(engine)
+    target = Target.parse("opencl -model=pocl-cpu")
+    workload = Workload(template="conv2d_NCHWc.x86", args=[
+        ["TENSOR", [1, 64, 28, 28], "float32"], ["TENSOR", [64, 64, 3, 3], "float32"],
+        [1, 1], [1, 1, 1, 1], [1, 1], "NCHW", "NCHW", "float32"])
+    lanes16 = DeviceLimits(max_threads_per_block=4096, max_thread_x=4096, simd_lanes=16)
+    with sessions.begin() as session:
+        dispatch.register(session, "avx512", target, lanes16, None, 60.0)
+        job_id = jobs.submit(session, JobRequest(target=target, tasks=[workload], n_trial=4,
+                                                   tuner="random", plan_size=4))
+    with sessions.begin() as session:
+        plan_once(session, SqlQueue(), SearchState())
+    template = get_template(workload.template)
+    wide = template.default_config(workload, lanes16).index
+    assert wide != template.default_config(workload).index
+    with sessions.begin() as session:
+        task = session.scalars(select(TaskRow).where(TaskRow.job_id == job_id)).one()
+        planned = session.scalars(select(TrialRow).where(TrialRow.task_id == task.id)
+                                  .order_by(TrialRow.id)).all()
+        assert planned[0].config_index == wide

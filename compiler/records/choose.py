@@ -100,7 +100,7 @@ def choose_one(workload: Workload, candidates: Sequence[Candidate], target: Targ
     rejected = tuple(Rejection(r.ranked.item.record.target, r.ranked.item.origin, r.reason,
                                r.detail) for r in verdict.rejected)
     if verdict.winner is None:
-        return Choice(workload, template.name, template.default_config(workload), DEFAULT,
+        return Choice(workload, template.name, template.default_config(workload, limits), DEFAULT,
                       None, None, None, rejected)
     won = verdict.winner
     return Choice(workload, template.name, won.item.record.config, won.source, won.item.record,

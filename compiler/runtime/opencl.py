@@ -118,7 +118,17 @@ def _limits(device: Any) -> DeviceLimits:
                                      else device.local_mem_size),
         warp_size=_warp_size(device, is_cpu),
         compute_units=device.max_compute_units,
+        simd_lanes=_simd_lanes(device),
     )
+
+
+def _simd_lanes(device: Any) -> int:
+    """CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT (PoCL: 16 on AVX-512, 8 on AVX2); 0 where the
+    driver does not answer."""
+    try:
+        return max(0, int(device.native_vector_width_float))
+    except Exception:  # noqa: BLE001 - a driver that fails the query: lanes unknown
+        return 0
 
 
 def _is_amd(device: Any) -> bool:

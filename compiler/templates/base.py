@@ -445,8 +445,9 @@ class Template(ABC):
                 for name, value in space.columns(indices).items()}
 
     @abstractmethod
-    def default_config(self, workload: Workload) -> Config:
-        """AutoTVM's fallback config: what runs when nothing was tuned."""
+    def default_config(self, workload: Workload, limits: DeviceLimits | None = None) -> Config:
+        """AutoTVM's fallback config: what runs when nothing was tuned. ``limits``: the
+        device's, where known (a CPU template's register tile follows ``simd_lanes``)."""
 
     @abstractmethod
     def _codegen(self, op: Any, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel: ...
@@ -584,6 +585,12 @@ def _launch_bounds(kernel: Kernel) -> str:
         threads = int(np.prod(block))
         source = source.replace(head, f"KERNEL void LAUNCH_BOUNDS({threads}) {entry}(")
     return source
+
+
+def simd_lanes(limits: DeviceLimits | None) -> int:
+    """float32 lanes of the device's native vector; 0 where unknown (no limits given, or a
+    device that does not say): a default config then keeps its AVX2-sized tile."""
+    return limits.simd_lanes if limits is not None else 0
 
 
 def _at(value: Any, i: int) -> int:

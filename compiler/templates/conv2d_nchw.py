@@ -33,7 +33,7 @@ from compiler.templates.base import (
 from compiler.templates.emit import AUTO, VTHREAD, Unroll, indent, loop_nest, signature
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigError, ConfigSpace, SplitKnob
-from schemas import Config, Workload
+from schemas import Config, DeviceLimits, Workload
 
 SPATIAL = ("tile_f", "tile_y", "tile_x")
 
@@ -69,7 +69,8 @@ class Conv2dNCHW(Template):
             except ConfigError:
                 raise err from None
 
-    def default_config(self, workload: Workload) -> Config:
+    def default_config(self, workload: Workload,
+                       limits: DeviceLimits | None = None) -> Config:
         """AutoTVM's fallback for the direct schedule: a thread per output, 8x8 blocks."""
         return direct_default(self.space(workload), self.parse(workload), 8)
 

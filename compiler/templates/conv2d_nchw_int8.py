@@ -45,7 +45,7 @@ from compiler.templates.conv2d_nchw import SPATIAL, _Tiles, direct_default, dire
 from compiler.templates.emit import Unroll, indent, signature
 from compiler.templates.ops import Conv2dOp, conv2d_nchw_reference
 from compiler.templates.space import ConfigSpace
-from schemas import Config, Workload
+from schemas import Config, DeviceLimits, Workload
 
 # input channels per packed word: the 4 lanes of a dp4a
 LANES = 4
@@ -119,7 +119,8 @@ class Conv2dNCHWInt8(Template):
     def _space(self, op: Conv2dInt8Op) -> ConfigSpace:
         return direct_space(op, op.chunks)
 
-    def default_config(self, workload: Workload) -> Config:
+    def default_config(self, workload: Workload,
+                       limits: DeviceLimits | None = None) -> Config:
         """The float schedule's fallback: a thread per output, 8x8 blocks, 8 input
         channels (2 packed words) per reduction step."""
         return direct_default(self.space(workload), self.parse(workload), 2)

@@ -73,12 +73,13 @@ from compiler.templates.base import (
     epilogue_buffers,
     factors,
     log2,
+    simd_lanes,
     split_features,
 )
 from compiler.templates.emit import indent, signature
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigError, ConfigSpace, OtherKnob, SplitKnob
-from schemas import Config, KnobEntity, Workload
+from schemas import Config, DeviceLimits, KnobEntity, Workload
 
 VEC_CANDIDATES = (1, 2, 4, 8, 16)
 WG_CANDIDATES = (1, 2, 4, 8)
@@ -90,6 +91,8 @@ UNROLL_CI_CANDIDATES = (1, 2, 4, 8, 16)
 # The loop-structure knobs appended after the OpenCL ones; a config without them (a
 # TopHub record, a record of ours from before) runs today's loops: these values.
 LOOP_DEFAULTS = {"order_oc": 0, "unroll_ci": 1}
+# A device with this many float32 lanes (AVX-512) gets the wider default tile
+AVX512_LANES, AVX512_OC_BN = 16, 32
 # ci unrolls a strided KxK default config takes, the largest dividing ic_bn first
 STRIDED_UNROLL_CI = (4, 8)
 ENTRY = "conv2d_nchwc_kernel"
@@ -103,19 +106,35 @@ def default_vec(oc_bn: int) -> int:
     return max(v for v in VEC_CANDIDATES if oc_bn % v == 0)
 
 
-def default_reg_n(ow: int) -> int:
-    """reg_n of the default config: the largest factor of OW up to 6, or up to 8 when
-    that is below 4. With oc_bn 16, 6 x 16 accumulators fill 12 of AVX2's 16 vector
-    registers (MLAS's 6x16 tile), where AutoTVM's reg_n up to 8 (128 accumulators, all
-    16 registers, for AVX-512's 32) spills: on ResNet-50's layers the default config
-    ran 1.4-2.2x faster with reg_n 4 than 8 at OW 56 and 112, up to 2.1x than 7 at OW 28,
-    1.21-1.23x weighted over all of them (bench/direct_defaults.py). These figures were
-    measured on a Zen 1 AVX2 VM; a later VM is Zen 4 AVX-512, where PoCL targets
-    skylake-avx512 (32 vector registers).
-    OW 7 and 14 keep 7: their factors below it (1, 2) leave too little work per step
-    (reg_n 1 ran 0.5x)."""
+def default_reg_n(ow: int, lanes: int = 0) -> int:
+    """reg_n of the default config. Below 16 lanes (AVX2, or unknown): the largest factor
+    of OW up to 6, or up to 8 when that is below 4. With oc_bn 16, 6 x 16 accumulators
+    fill 12 of AVX2's 16 vector registers (MLAS's 6x16 tile), where AutoTVM's reg_n up to
+    8 (128 accumulators, all 16 registers, for AVX-512's 32) spills: on ResNet-50's
+    layers the default config ran 1.4-2.2x faster with reg_n 4 than 8 at OW 56 and 112,
+    up to 2.1x than 7 at OW 28, 1.21-1.23x weighted over all of them
+    (bench/direct_defaults.py, a Zen 1 AVX2 VM). OW 7 and 14 keep 7: their factors below
+    it (1, 2) leave too little work per step (reg_n 1 ran 0.5x).
+    At 16 lanes (AVX-512: 32 registers): the largest factor of OW up to 8, beside
+    ``AVX512_OC_BN``: see ``default_oc_bn``."""
+    if lanes >= AVX512_LANES:
+        return _largest_factor(ow, 8)
     reg_n = _largest_factor(ow, 6)
     return reg_n if reg_n >= 4 else _largest_factor(ow, 8)
+
+
+def default_oc_bn(co: int, lanes: int = 0) -> int:
+    """oc_bn of the default config: the largest factor of K up to 16 (AutoTVM's), or
+    ``AVX512_OC_BN`` (32) at 16 lanes where it divides K. One 16-lane vector per pixel left the AVX-512
+    default with 4-6 accumulator vectors, too few chains for two FMA units of 4 cycles'
+    latency; two vectors x reg_n up to 8 keep 14-16 in flight (of 32 registers). On a
+    2-core Xeon (Emerald Rapids, PoCL's skylake-avx512) that ran ResNet-50's direct
+    layers 1.38-1.40x faster weighted than the 8-lane default (1.03-1.84x per layer;
+    oc_bn 64 x reg_n 4 or 6 came out 0.96-1.00x, oc_bn 16 x reg_n up to 14 or 28
+    1.06-1.11x): ``bench/direct_defaults.py --models resnet50 --all``."""
+    if lanes >= AVX512_LANES and co % AVX512_OC_BN == 0:
+        return AVX512_OC_BN
+    return _largest_factor(co, 16)
 
 
 def strided_loops(op: Conv2dOp, ic_bn: int) -> dict[str, int]:
@@ -202,24 +221,26 @@ class Conv2dNCHWc(Template):
         contiguous vector store (AutoTVM's NCHW[oc_bn]c output)."""
         return int(self.decode(workload, config)["tile_oc"][1])
 
-    def default_config(self, workload: Workload) -> Config:
-        """AutoTVM's x86 fallback, shaped for this kernel: oc_bn the largest factor of K
-        up to 16, ic_bn the largest factor of C up to oc_bn, reg_n by ``default_reg_n``
-        (4-6 output x where OW allows: AVX2's register file), vec 16 (or the largest
-        that divides oc_bn; 8 measured no faster on AVX2), kw unrolled, one row, one
-        work-item per group, channel blocks outermost (reg_n and vec measured on a Zen 1
-        AVX2 VM; a later VM is Zen 4 AVX-512, where PoCL targets skylake-avx512). A 1x1
-        kernel's ci loop is unrolled by 2 (when ic_bn is even): its loop body has no kw
-        copies to schedule loads under, and the unroll was faster on every 1x1 row of
-        ResNet-50 measured (bench/space.py).
+    def default_config(self, workload: Workload,
+                       limits: DeviceLimits | None = None) -> Config:
+        """AutoTVM's x86 fallback, shaped for this kernel: oc_bn by ``default_oc_bn`` (16,
+        or 32 on a 16-lane device), ic_bn the largest factor of C up to min(oc_bn, 16),
+        reg_n by ``default_reg_n`` (by the device's lanes), vec 16 (or the largest that
+        divides oc_bn; 8 measured no faster on AVX2), kw unrolled, one row, one work-item
+        per group, channel blocks outermost. ``limits`` None (or a device that does not
+        say its lanes) gets the AVX2 tile, measured on a Zen 1 VM. A 1x1 kernel's ci loop
+        is unrolled by 2 (when ic_bn is even): its loop body has no kw copies to schedule
+        loads under, and the unroll was faster on every 1x1 row of ResNet-50 measured
+        (bench/space.py).
         A strided kernel larger than 1x1 (ResNet-50's 3x3 stride-2 layers) runs its
         channel blocks innermost and its ci loop unrolled by ``STRIDED_UNROLL_CI`` (see
         ``strided_loops``); other kernels keep the loops as they were."""
         op = self.parse(workload)
         space = self.space(workload)
-        oc_bn = _largest_factor(op.co, 16)
-        ic_bn = _largest_factor(op.c, oc_bn)
-        reg_n = default_reg_n(op.ow)
+        lanes = simd_lanes(limits)
+        oc_bn = default_oc_bn(op.co, lanes)
+        ic_bn = _largest_factor(op.c, min(oc_bn, 16))
+        reg_n = default_reg_n(op.ow, lanes)
         one_by_one = op.kh == 1 and op.kw == 1
         values: dict[str, Any] = {
             "tile_ic": (op.c // ic_bn, ic_bn),

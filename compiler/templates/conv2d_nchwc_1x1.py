@@ -66,7 +66,7 @@ from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT, blocked_io_buffe
 from compiler.templates.emit import indent, signature
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigSpace, OtherKnob, SplitKnob
-from schemas import Config, Workload
+from schemas import Config, DeviceLimits, Workload
 
 TILE_P = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
 VEC_CANDIDATES = (1, 2, 4, 8, 16)
@@ -116,7 +116,8 @@ class Conv2dNCHWc1x1(Template):
         """oc_bn: each accumulator vector is then one contiguous vector store."""
         return int(self.decode(workload, config)["tile_oc"][1])
 
-    def default_config(self, workload: Workload) -> Config:
+    def default_config(self, workload: Workload,
+                       limits: DeviceLimits | None = None) -> Config:
         """MLAS's AVX2 SGEMM tile: 6 pixels x oc_bn 16 (the largest factor of K up to 16)
         in 8-lane vectors (the largest candidate up to 8 dividing oc_bn: an AVX2
         register), at most the image's pixels; the channel loop unrolled by 2 (when C is

@@ -72,7 +72,7 @@ from compiler.templates.conv2d_winograd import (
 from compiler.templates.emit import indent, signature
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigSpace, OtherKnob, SplitKnob
-from schemas import Config, Workload
+from schemas import Config, DeviceLimits, Workload
 
 TILE_SIZES = (2, 4)
 TILE_P = (1, 2, 3, 4, 5, 6, 7, 8)
@@ -153,7 +153,8 @@ class Conv2dNCHWcWinograd(Template):
         """oc_bn: each oc vector of an output pixel is then one vector store."""
         return int(self.decode(workload, config)["tile_oc"][1])
 
-    def default_config(self, workload: Workload) -> Config:
+    def default_config(self, workload: Workload,
+                       limits: DeviceLimits | None = None) -> Config:
         """F(4x4, 3x3), oc_bn the largest factor of K up to 16, 4 tiles per register
         block (at most P), 8 lanes (the largest candidate up to 8 dividing oc_bn: an AVX2
         register), one work-item per group: the best, or within noise of it, of the

@@ -63,7 +63,7 @@ from compiler.templates.emit import (
 )
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigError, ConfigSpace, SplitKnob
-from schemas import Config, Workload
+from schemas import Config, DeviceLimits, Workload
 
 KERNEL_SIZE = 3
 # Work-items per block of the two untuned transform stages: fits every GPU and PoCL.
@@ -293,7 +293,8 @@ class Conv2dWinograd(Template):
     def pack_weight(self, workload: Workload, config: Config, weight: np.ndarray) -> np.ndarray:
         return pack_filter(self.parse(workload), weight)
 
-    def default_config(self, workload: Workload) -> Config:
+    def default_config(self, workload: Workload,
+                       limits: DeviceLimits | None = None) -> Config:
         """No fallback is tuned in AutoTVM for this template: 16x16 threads with 2x2
         register tiles (nearest exact splits), 8 channels per local-memory step."""
         space = self.space(workload)

@@ -27,7 +27,7 @@ from compiler.templates.base import (
 from compiler.templates.emit import AUTO, VTHREAD, Unroll, indent, loop_nest, signature
 from compiler.templates.ops import DenseOp
 from compiler.templates.space import ConfigSpace, SplitKnob
-from schemas import Config, Workload
+from schemas import Config, DeviceLimits, Workload
 
 _VTHREADS = {2**x for x in range(1, 7)}
 _THREADS = {2**x for x in range(3, 7)}
@@ -64,7 +64,8 @@ class DenseLargeBatch(Template):
             SplitKnob("tile_k", op.in_dim, 3),
         ])
 
-    def default_config(self, workload: Workload) -> Config:
+    def default_config(self, workload: Workload,
+                       limits: DeviceLimits | None = None) -> Config:
         """AutoTVM's fallback ([-1, 2, 16, 2] tiles, [-1, 8, 1] k), made exact."""
         op = self.parse(workload)
         space = self.space(workload)

@@ -49,7 +49,7 @@ from compiler.templates.base import (
 from compiler.templates.emit import signature
 from compiler.templates.ops import DenseOp
 from compiler.templates.space import ConfigSpace, SplitKnob, divisors
-from schemas import Config, Workload
+from schemas import Config, DeviceLimits, Workload
 
 # Most multiply-adds written out per step of the reduction loop: a (yi x xi) tile times
 # the unrolled k values. PoCL compiles 1024 in well under a second; whole chunks of
@@ -83,7 +83,8 @@ class DensePack(Template):
         w = np.asarray(weight, dtype=np.float32).reshape(op.out_dim // bn, bn, op.in_dim)
         return np.ascontiguousarray(w.transpose(0, 2, 1))
 
-    def default_config(self, workload: Workload) -> Config:
+    def default_config(self, workload: Workload,
+                       limits: DeviceLimits | None = None) -> Config:
         """AutoTVM's fallback (``_default_dense_pack_config``) re-sized for a CPU here.
 
         The register tile aims at DEFAULT_ACC accumulators: rows (yi) a power of two <= 4

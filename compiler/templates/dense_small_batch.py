@@ -26,7 +26,7 @@ from compiler.templates.base import (
 from compiler.templates.emit import signature
 from compiler.templates.ops import DenseOp
 from compiler.templates.space import ConfigSpace, SplitKnob
-from schemas import Config, Workload
+from schemas import Config, DeviceLimits, Workload
 
 
 class DenseSmallBatch(Template):
@@ -38,7 +38,8 @@ class DenseSmallBatch(Template):
     def _space(self, op: DenseOp) -> ConfigSpace:
         return ConfigSpace([SplitKnob("tile_k", op.in_dim, 2)])
 
-    def default_config(self, workload: Workload) -> Config:
+    def default_config(self, workload: Workload,
+                       limits: DeviceLimits | None = None) -> Config:
         # AutoTVM's fallback is [-1, 64]; the nearest divisor keeps it in the space.
         space = self.space(workload)
         (knob,) = space.knobs

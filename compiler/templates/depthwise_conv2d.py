@@ -37,7 +37,7 @@ from compiler.templates.conv2d_nchw import SPATIAL, SpatialTiles, spatial_knobs
 from compiler.templates.emit import AUTO, Unroll, indent, loop_nest, signature
 from compiler.templates.ops import ConvWindow, conv2d_nchw_reference, conv_args
 from compiler.templates.space import ConfigError, ConfigSpace, divisors
-from schemas import Config, Workload
+from schemas import Config, DeviceLimits, Workload
 
 ENTRY = "depthwise_conv2d_nchw_kernel"
 
@@ -128,7 +128,8 @@ class DepthwiseConv2dNCHW(Template):
             except ConfigError:
                 raise err from None
 
-    def default_config(self, workload: Workload) -> Config:
+    def default_config(self, workload: Workload,
+                       limits: DeviceLimits | None = None) -> Config:
         """A thread per output in blocks of up to 8x8 threads, one channel per block:
         along y and x, the largest divisor of the output extent up to 8 threads."""
         op = self.parse(workload)

@@ -1,17 +1,21 @@
 """The worker fleet at a glance: each worker's heartbeat, pace and error rate, from
-aggregate queries (what the workers route, the dashboard and `tuner workers` show)."""
+aggregate queries (what the workers route, the dashboard and `tuner workers` show), and
+the queues and device limits of the registered workers (what the scheduler plans for)."""
 
 from __future__ import annotations
 
+import json
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 
-from sqlalchemy import ColumnElement, and_, case, func, select
+from sqlalchemy import ColumnElement, Text, and_, case, cast, func, select
 from sqlalchemy.orm import Session
 
-from schemas import Target
+from schemas import DeviceLimits, Target
 from schemas.api import TrialStatus, WorkerInfo
 from tuner_server.db.models import RecordRow, TrialRow, WorkerRow
+from tuner_server.queue.base import queue_matches, queue_name
 
 # Pace and error rate are over the results of the last 10 minutes.
 WINDOW_S = 600.0
@@ -48,7 +52,7 @@ def list_workers(session: Session, lease_s: float, now: float | None = None
         select(TrialRow.worker_id, func.count())
         .where(TrialRow.worker_id.is_not(None), TrialRow.status == TrialStatus.DONE)
         .group_by(TrialRow.worker_id))}
-    cutoff = datetime.fromtimestamp(now - WINDOW_S, timezone.utc)
+    cutoff = datetime.fromtimestamp(now - WINDOW_S, UTC)
     # Grouped by ``worker_id + 0``, not the bare column: SQLite would otherwise walk
     # ix_trials_worker (every trial ever run) instead of the recent records' range.
     by_worker = (TrialRow.worker_id + 0).label("worker")
@@ -69,3 +73,39 @@ def list_workers(session: Session, lease_s: float, now: float | None = None
             trials_per_minute=n / (WINDOW_S / 60), error_rate=failed / n if n else None,
             trials_done=int(done.get(worker.id, 0))))
     return out
+
+
+# (queues a worker serves, its device's limits), once per distinct pair
+Fleet = list[tuple[list[str], DeviceLimits]]
+
+
+def registered_fleet(session: Session,
+                     skipped: Callable[[int, str, Exception], None] | None = None) -> Fleet:
+    """The queues and limits of the registered (not deregistered) workers, once per
+    distinct (target, limits): a fleet of 1,000 alike workers is parsed once a pass, not
+    1,000 times (that was most of a pass's CPU). A pair that does not parse is skipped
+    (``skipped(first worker id, target, error)``): those workers serve nothing."""
+    fleet = []
+    limits_text = cast(WorkerRow.limits, Text)
+    for worker_id, target, limits in session.execute(
+            select(func.min(WorkerRow.id), WorkerRow.target, limits_text)
+            .where(WorkerRow.stopped_at.is_(None))
+            .group_by(WorkerRow.target, limits_text).order_by(func.min(WorkerRow.id))):
+        try:
+            fleet.append((queue_matches(Target.parse(target)),
+                          DeviceLimits.model_validate(json.loads(limits))))
+        except (ValueError, TypeError) as err:
+            if skipped is not None:
+                skipped(worker_id, target, err)
+    return fleet
+
+
+def limits_for(fleet: Fleet, job_target: Target) -> DeviceLimits | None:
+    """The tightest limits among registered workers that can run this job's trials (the
+    fewest SIMD lanes among them too: a default config then fits every one)."""
+    name = queue_name(job_target)
+    rows = [limits for queues, limits in fleet if name in queues]
+    if not rows:
+        return None
+    return DeviceLimits(**{f: min(getattr(r, f) for r in rows)
+                           for f in DeviceLimits.model_fields})

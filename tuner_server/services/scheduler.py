@@ -8,7 +8,6 @@ the others go on."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -20,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from pydantic import ValidationError
-from sqlalchemy import Select, Text, cast, event, func, insert, select, text, update
+from sqlalchemy import Select, event, func, insert, select, text, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,17 +28,17 @@ from compiler.templates import get_template
 from schemas import DeviceLimits, Record, Target, Workload
 from schemas.api import ACTIVE, FINAL, JobStatus, TaskStatus, TrialStatus
 from schemas.text import first_problem
-from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
+from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow
 from tuner_server.queue.base import (
     DispatchQueue,
     QueuedTrial,
-    queue_matches,
     queue_name,
 )
 from tuner_server.search import TUNERS, Tuner, make_tuner
 from tuner_server.search.base import Measured, Visited, perf_of, perf_of_columns
 from tuner_server.search.transfer import Example, GlobalModels
 from tuner_server.services import dispatch
+from tuner_server.services.fleet import Fleet, limits_for, registered_fleet
 from tuner_server.services.jobs import all_failed, error_counts, withdraw_queued
 
 log = logging.getLogger("tuner.scheduler")
@@ -310,37 +309,6 @@ def _reason(err: Exception) -> str:
     return " ".join(said.split())[:MAX_REASON] or type(err).__name__
 
 
-def _fleet(session: Session, state: SearchState) -> list[tuple[list[str], DeviceLimits]]:
-    """The queues and limits of the registered (not deregistered) workers, once per
-    distinct (target, limits): a fleet of 1,000 alike workers is parsed once a pass, not
-    1,000 times (that was most of a pass's CPU). A pair that does not parse is skipped
-    (and logged under its first worker): those workers serve nothing."""
-    fleet = []
-    limits_text = cast(WorkerRow.limits, Text)
-    for worker_id, target, limits in session.execute(
-            select(func.min(WorkerRow.id), WorkerRow.target, limits_text)
-            .where(WorkerRow.stopped_at.is_(None))
-            .group_by(WorkerRow.target, limits_text).order_by(func.min(WorkerRow.id))):
-        try:
-            fleet.append((queue_matches(Target.parse(target)),
-                          DeviceLimits.model_validate(json.loads(limits))))
-        except (ValueError, TypeError) as err:
-            state.warn(f"worker {worker_id}", "worker %s is skipped: its target %r or limits "
-                       "do not parse: %s", worker_id, target, _reason(err))
-    return fleet
-
-
-def _limits_for(fleet: list[tuple[list[str], DeviceLimits]],
-                job_target: Target) -> DeviceLimits | None:
-    """The tightest limits among registered workers that can run this job's trials."""
-    name = queue_name(job_target)
-    rows = [limits for queues, limits in fleet if name in queues]
-    if not rows:
-        return None
-    return DeviceLimits(**{f: min(getattr(r, f) for r in rows)
-                           for f in DeviceLimits.model_fields})
-
-
 def _end_task(session: Session, task: TaskRow) -> None:
     """A task at its end is done, or failed when every trial it recorded failed."""
     reason = all_failed(error_counts(session, [task.id]))
@@ -353,7 +321,8 @@ def _leased(session: Session, task_id: int) -> int:
         TrialRow.task_id == task_id, TrialRow.status == TrialStatus.LEASED)) or 0
 
 
-def _verification(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow]:
+def _verification(session: Session, job: JobRow, task: TaskRow,
+                  limits: DeviceLimits | None) -> list[TrialRow]:
     """The verification of a task whose search ended, in the order a worker is to lease
     it: its ``verify_top`` best distinct configs by recorded cost, then the template's
     default config when the search ran it (so the default competes on equal terms),
@@ -361,7 +330,7 @@ def _verification(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow
     drift in the device's speed (load, clocks, heat) then falls on every config alike.
     Empty when fewer than two configs qualify: there is nothing to choose between."""
     workload = Workload(template=task.template, args=task.args)
-    default = get_template(task.template).default_config(workload).index
+    default = get_template(task.template).default_config(workload, limits).index
     measured = session.execute(
         select(TrialRow.config_index, TrialRow.config, RecordRow.error_no)
         .join(RecordRow, RecordRow.trial_id == TrialRow.id)
@@ -379,7 +348,8 @@ def _verification(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow
             for round_ in range(1, VERIFY_ROUNDS + 1) for index, config in configs]
 
 
-def _end_search(session: Session, job: JobRow, task: TaskRow) -> Sequence[QueuedTrial]:
+def _end_search(session: Session, job: JobRow, task: TaskRow,
+                limits: DeviceLimits | None) -> Sequence[QueuedTrial]:
     """A task whose search ended (budget, early stopping, space exhausted) is verified
     (``_verification``) once its leased search trials are in, then ends; a job without
     verification ends it at once."""
@@ -389,7 +359,7 @@ def _end_search(session: Session, job: JobRow, task: TaskRow) -> Sequence[Queued
         return []
     if _leased(session, task.id):
         return []  # their results may be among the best
-    trials = _verification(session, job, task)
+    trials = _verification(session, job, task, limits)
     if not trials:
         _end_task(session, task)
         return []
@@ -407,7 +377,7 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimit
             _end_task(session, task)
         return []
     if task.trials_done >= job.n_trial or _stopped_early(task, job):
-        return _end_search(session, job, task)
+        return _end_search(session, job, task, limits)
     want = min(job.plan_size, job.n_trial - task.trials_planned)
     if outstanding >= job.plan_size or want <= 0:
         return []
@@ -417,7 +387,7 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimit
     if not len(search.visited):
         # The template's fallback goes first: what an untuned build runs is then always
         # among the candidates, so a tuned build is never slower than an untuned one.
-        default = np.array([tuner.template.default_config(tuner.workload).index])
+        default = np.array([tuner.template.default_config(tuner.workload, limits).index])
         indices = default[tuner.valid(default)]
         search.visited.add(indices)  # the state is dropped if this plan is not stored
     if want > len(indices):
@@ -432,7 +402,7 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimit
         search.visited.add(fresh)
         indices = np.concatenate([indices, fresh])
     if not len(indices):
-        return _end_search(session, job, task) if outstanding == 0 else []
+        return _end_search(session, job, task, limits) if outstanding == 0 else []
     trials = _insert_trials(session, task, queue_name(Target.parse(job.target)),
                             tuner.space.configs_json(indices), indices.tolist())
     if search.measured is not None:
@@ -545,7 +515,7 @@ def _fail_job(session: Session, job_id: int, reason: str) -> list[QueuedTrial]:
     return []
 
 
-def _plan_job(session: Session, job_id: int, fleet: list[tuple[list[str], DeviceLimits]],
+def _plan_job(session: Session, job_id: int, fleet: Fleet,
               state: SearchState, outstanding: dict[int, int],
               running: set[int]) -> list[QueuedTrial]:
     """Plan one job's tasks, each in a SAVEPOINT: a task that raises is rolled back,
@@ -568,7 +538,7 @@ def _plan_job(session: Session, job_id: int, fleet: list[tuple[list[str], Device
     except ValueError as err:
         return _fail_job(session, job_id,
                          f"job target {job.target!r} does not parse: {_reason(err)}")
-    limits = _limits_for(fleet, target)
+    limits = limits_for(fleet, target)
     new: list[QueuedTrial] = []
     running.update(t.id for t in tasks)
     for task_id in [t.id for t in tasks]:
@@ -640,7 +610,9 @@ def plan_once(session: Session, queue: DispatchQueue, state: SearchState | None 
     rows_read, tasks_read = state.rows_read, state.tasks_read
     requeued, stats.given_up = _reclaim(session, state)
     stats.requeued = len(requeued)
-    fleet = _fleet(session, state)
+    fleet = registered_fleet(session, lambda worker_id, target, err: state.warn(
+        f"worker {worker_id}", "worker %s is skipped: its target %r or limits do not "
+        "parse: %s", worker_id, target, _reason(err)))
     # every task's queued and leased trials, in one query over the few such rows
     outstanding: dict[int, int] = dict(session.execute(  # type: ignore[arg-type]
         select(TrialRow.task_id, func.count()).where(TrialRow.status.in_(OUTSTANDING))
