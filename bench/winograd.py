@@ -26,6 +26,20 @@ a build whose 3x3 stride-1 layers take Winograd's default config (offered as rec
 measured here), both outputs checked against onnxruntime's, timed in alternating rounds.
 
     .venv/bin/python bench/winograd.py --cpu-model resnet50 [--rounds 5]
+
+``--lanes``: Winograd's default config for an 8-lane device (AVX2) against its default
+for a 16-lane one (AVX-512) on every Winograd layer of ``--models`` (3x3 stride-1, at
+least ``WINOGRAD_MIN_CHANNELS`` input channels), with onnxruntime's Conv on the same
+arrays. Each kernel runs on data in NCHW[16]c with its output in NCHW[oc_bn]c (as a
+build chains CPU convs) and is checked against numpy first, onnxruntime too; then
+``--rounds`` alternating rounds (each kernel first in turn) of enough launches for
+~0.3 GFLOP, a 0.1 s pause after each batch, the median round counts. The two defaults
+are timed in CPU seconds (the ratio to read on a shared machine, see bench/conv1x1.py)
+and wall clock; onnxruntime in wall clock only (its pool spins ~40 ms of this process's
+CPU after a run: the pause keeps that out of the next kernel's CPU seconds). Totals
+weight each row by its layer count.
+
+    .venv/bin/python bench/winograd.py --lanes [--models resnet50,vgg19,densenet121]
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,12 +85,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="a light model: default build vs Winograd on its 3x3 layers")
     p.add_argument("--ort-threads", type=int, default=os.cpu_count() or 1,
                    help="onnxruntime intra-op threads (default: CPU count)")
+    p.add_argument("--lanes", action="store_true",
+                   help="Winograd's 8-lane default vs its 16-lane default (and onnxruntime)")
+    p.add_argument("--models", default="resnet50,vgg19,densenet121",
+                   help="--lanes: the light models whose Winograd layers are timed")
     args = p.parse_args(argv)
     device = open_device()
     target = str(device.target)
     print_header("bench/winograd.py", device.info.name, f" | load average {os.getloadavg()[0]:.1f}")
     if args.cpu_model:
         return cpu_model_main(device, args.cpu_model, args.rounds)
+    if args.lanes:
+        return lanes_main(device, args.models.split(","), args.rounds, args.ort_threads)
     if args.cpu:
         return cpu_main(device, args.layers.split(","), args.rounds, args.ort_threads)
     options = MeasureOptions(number=1, repeat=3, min_repeat_ms=50)
@@ -198,6 +219,99 @@ def cpu_main(device: Device, specs: list[str], rounds: int, ort_threads: int) ->
                 f"tile_p {knobs['tile_p']} vec {knobs['vec']}")
         print(f"| {spec} | {gflop / ort:.1f} | {' | '.join(cells)} | {best} |")
     return 0
+
+
+def winograd_layers(device: Device, name: str) -> list[tuple[Workload, int]]:
+    """The light model's workloads a default build runs on Winograd (3x3 stride 1, at
+    least ``WINOGRAD_MIN_CHANNELS`` input channels), with layer counts."""
+    import onnx
+
+    from compiler.build_module import load_graph
+    from compiler.frontend.samples import light_path
+    from compiler.passes import optimize
+    from compiler.tasks import WINOGRAD_MIN_CHANNELS, extract_tasks
+
+    graph = optimize(load_graph(onnx.load(light_path(name))))
+    template = get_template(WINOGRAD_CPU)
+    return [(t.workload, len(t.layers)) for t in extract_tasks(graph, device.target)
+            if t.template == WINOGRAD_CPU
+            and template.parse(t.workload).c >= WINOGRAD_MIN_CHANNELS]
+
+
+LANES = (8, 16)  # the devices whose defaults --lanes compares: AVX2, AVX-512
+ORT_SPIN_SECONDS = 0.1  # a pause after each timed batch (onnxruntime's threads spin)
+
+
+def lanes_main(device: Device, models: list[str], rounds: int, ort_threads: int) -> int:
+    """``--lanes``: per layer, the 8-lane and the 16-lane default and onnxruntime, one run."""
+    from conv1x1 import CHECK, cpu_seconds
+    from direct_defaults import prepared
+
+    winograd = get_template(WINOGRAD_CPU)
+    labels = [f"{lanes} lanes" for lanes in LANES]
+    print("\nratios: the 8-lane default's time (or onnxruntime's) / the 16-lane default's; "
+          "load: 1-minute load average after the row\n")
+    print("| model | layer | layers | load | 16-lane config | 8-lane GFLOP/s (CPU s) "
+          "| 16 / 8 lanes (CPU s) | 16 / 8 lanes (wall) | onnxruntime / 16 lanes (wall) |")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|")
+    totals: dict[str, dict[str, float]] = {}
+    for model in models:
+        for wl, layers in winograd_layers(device, model):
+            op: Conv2dOp = winograd.parse(wl)
+            gflop = op.flops / 1e9
+            configs = {label: winograd.default_config(wl, device.limits.model_copy(
+                update={"simd_lanes": lanes})) for label, lanes in zip(labels, LANES)}
+            runs = {label: prepared(device, wl, config) for label, config in configs.items()}
+            arrays = winograd.make_inputs(wl, Epilogue(), np.random.default_rng(0))
+            conv = onnxruntime_conv(op, arrays[1], ort_threads)
+            ok, why = max_abs_error_ok(np.asarray(conv(arrays[0])),
+                                       winograd.reference(wl, arrays), CHECK)
+            if not ok:
+                raise SystemExit(f"onnxruntime on {op.input_shapes} disagrees with numpy: {why}")
+            runs["onnxruntime"] = lambda conv=conv, x=arrays[0]: conv(x)
+            launches = max(3, round(0.3 / gflop))
+            cpu: dict[str, list[float]] = {k: [] for k in runs}
+            wall: dict[str, list[float]] = {k: [] for k in runs}
+            order = list(runs)
+            for i in range(rounds):
+                for label in order[i % len(order):] + order[:i % len(order)]:  # each goes first in turn
+                    launch = runs[label]
+                    launch()
+                    cpu0, wall0 = cpu_seconds(), time.perf_counter()
+                    for _ in range(launches):
+                        launch()
+                    cpu[label].append((cpu_seconds() - cpu0) / launches)
+                    wall[label].append((time.perf_counter() - wall0) / launches)
+                    # onnxruntime's pool spins a while after a run, in this process: let
+                    # it park before the next kernel's clocks start
+                    time.sleep(ORT_SPIN_SECONDS)
+            med = {f"{k} {clock}": statistics.median(v)
+                   for clock, per in (("cpu", cpu), ("wall", wall)) for k, v in per.items()}
+            for scope in (model, "all models"):
+                row = totals.setdefault(scope, dict.fromkeys(med, 0.0))
+                for k, v in med.items():
+                    row[k] += v * layers
+            knobs = winograd.decode(wl, configs[labels[1]])
+            print(f"| {model} | {op.c}->{op.co} {op.h}x{op.w} | {layers} "
+                  f"| {os.getloadavg()[0]:.1f} | F({knobs['tile_size']}) oc_bn "
+                  f"{knobs['tile_oc'][1]} tile_p {knobs['tile_p']} vec {knobs['vec']} "
+                  f"| {gflop / med['8 lanes cpu']:.1f} | " + " | ".join(lanes_ratios(med))
+                  + " |", flush=True)
+    print("\nweighted by layer count (sums of median times):\n")
+    print("| models | 16 / 8 lanes (CPU s) | 16 / 8 lanes (wall) | onnxruntime / 16 lanes "
+          "(wall) | onnxruntime / 8 lanes (wall) |")
+    print("|---|---:|---:|---:|---:|")
+    for scope, med in sorted(totals.items(), key=lambda item: item[0] == "all models"):
+        print(f"| {scope} | " + " | ".join(lanes_ratios(med)) + " | "
+              f"{med['onnxruntime wall'] / med['8 lanes wall']:.2f}x |")
+    return 0
+
+
+def lanes_ratios(med: dict[str, float]) -> list[str]:
+    """16 / 8 lanes in CPU seconds and wall clock, onnxruntime / 16 lanes in wall clock."""
+    return [f"{med['8 lanes cpu'] / med['16 lanes cpu']:.2f}x",
+            f"{med['8 lanes wall'] / med['16 lanes wall']:.2f}x",
+            f"{med['onnxruntime wall'] / med['16 lanes wall']:.2f}x"]
 
 
 def without_final_softmax(model: Any) -> Any:

@@ -58,6 +58,7 @@ from compiler.templates.base import (
     ceil_div,
     factors,
     log2,
+    simd_lanes,
     split_features,
 )
 from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT, blocked_io_buffers
@@ -78,6 +79,12 @@ TILE_SIZES = (2, 4)
 TILE_P = (1, 2, 3, 4, 5, 6, 7, 8)
 VEC_CANDIDATES = (1, 2, 4, 8, 16)
 WG_CANDIDATES = (1, 2, 4)  # each divides alpha^2 (16 and 36)
+# The 16-lane default (``avx512_default``), measured on a 2-core Xeon (Emerald Rapids,
+# PoCL skylake-avx512) with bench/winograd.py --lanes
+AVX512_LANES = 16
+AVX512_OC_BN = 64  # 4 zmm of weights per channel step
+SMALL_TILE_TILES = 16  # F(4x4) tiles of a 14x14 (or smaller) image
+SMALL_TILE_WEIGHTS = 128 * 128  # C * K: U at F(4x4) 2.4 MB, past a core's 2 MiB L2
 ENTRY_INPUT = "wino_cpu_input_transform"
 ENTRY_GEMM = "wino_cpu_batched_gemm"
 ENTRY_OUTPUT = "wino_cpu_output_transform"
@@ -158,17 +165,27 @@ class Conv2dNCHWcWinograd(Template):
         """F(4x4, 3x3), oc_bn the largest factor of K up to 16, 4 tiles per register
         block (at most P), 8 lanes (the largest candidate up to 8 dividing oc_bn: an AVX2
         register), one work-item per group: the best, or within noise of it, of the
-        24-config search of ``bench/winograd.py --cpu`` on ResNet-50's 3x3 layers."""
+        24-config search of ``bench/winograd.py --cpu`` on ResNet-50's 3x3 layers.
+        ``limits`` None, or a device of fewer than 16 lanes (or that does not say), keeps
+        it. A 16-lane device (AVX-512: 32 zmm registers, two FMA ports) gets
+        ``avx512_default``: on a 2-core Emerald Rapids Xeon (PoCL skylake-avx512) it ran
+        1.51x faster than this one over the 16 Winograd workloads of ResNet-50, VGG-19 and
+        DenseNet-121, weighted by layer count (CPU seconds; 1.46x / 1.52x / 1.48x per
+        model; every row faster, ``bench/winograd.py --lanes``), and within 3% of the best
+        per layer of the 7 variants measured (oc_bn 32 or 64, 4-8 tiles, F(2x2) or F(4x4),
+        wg 1 or 2)."""
         op = self.parse(workload)
-        oc_bn = max(f for f in range(1, min(op.co, 16) + 1) if op.co % f == 0)
-        tiles = winograd_op(op, 4).tiles
-        values: dict[str, Any] = {
-            "tile_size": 4,
-            "tile_oc": (op.co // oc_bn, oc_bn),
-            "tile_p": min(4, tiles),
-            "vec": max(v for v in VEC_CANDIDATES if v <= 8 and oc_bn % v == 0),
-            "wg": 1,
-        }
+        if simd_lanes(limits) >= AVX512_LANES:
+            values = avx512_default(op)
+        else:
+            oc_bn = max(f for f in range(1, min(op.co, 16) + 1) if op.co % f == 0)
+            values = {
+                "tile_size": 4,
+                "tile_oc": (op.co // oc_bn, oc_bn),
+                "tile_p": min(4, winograd_op(op, 4).tiles),
+                "vec": max(v for v in VEC_CANDIDATES if v <= 8 and oc_bn % v == 0),
+                "wg": 1,
+            }
         return self.space(workload).to_config(values)
 
     def _usage(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> Usage:
@@ -239,6 +256,34 @@ class Conv2dNCHWcWinograd(Template):
             stages=stages,
             scratch=scratch,
         )
+
+
+def avx512_default(op: Conv2dOp) -> dict[str, Any]:
+    """The 16-lane default's knobs: oc_bn the largest factor of K up to
+    ``AVX512_OC_BN``, vec 16 (the largest candidate dividing oc_bn), 4 tiles per register
+    block as before (at most P: with oc_bn 64, 16 zmm accumulators of the 32 and 4 of
+    weights), one work-item per group; F(4x4), or F(2x2) where ``small_tile`` says."""
+    oc_bn = max(f for f in range(1, min(op.co, AVX512_OC_BN) + 1) if op.co % f == 0)
+    m = 2 if small_tile(op) else 4
+    return {
+        "tile_size": m,
+        "tile_oc": (op.co // oc_bn, oc_bn),
+        "tile_p": min(4, winograd_op(op, m).tiles),
+        "vec": max(v for v in VEC_CANDIDATES if v <= AVX512_LANES and oc_bn % v == 0),
+        "wg": 1,
+    }
+
+
+def small_tile(op: Conv2dOp) -> bool:
+    """F(2x2) rather than F(4x4) on a layer of at most ``SMALL_TILE_TILES`` F(4x4) tiles
+    and at least ``SMALL_TILE_WEIGHTS`` weights (C * K). The GEMM streams U (alpha^2 * C
+    * K floats) and does one multiply-add per float of it and tile: with few tiles and a
+    U past a core's L2, the stream sets the time, and F(2x2)'s U is 1 / 2.25 of
+    F(4x4)'s (ResNet-50's 512->512 on 7x7: 4 tiles, U 38 MB at F(4x4); F(2x2) ran 1.6x
+    faster). With more tiles (28x28: 49), or a U that stays in cache (DenseNet-121's
+    128->32), F(4x4)'s fewer multiply-adds win."""
+    return (winograd_op(op, 4).tiles <= SMALL_TILE_TILES
+            and op.c * op.co >= SMALL_TILE_WEIGHTS)
 
 
 def winograd_op(op: Conv2dOp, m: int) -> WinogradOp:
