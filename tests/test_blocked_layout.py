@@ -268,20 +268,33 @@ def test_branchy_graph_keeps_blocks_between_convs_and_matches_the_interpreter() 
     want = evaluate(graph, [x])
     module = build(graph, target="opencl -model=pocl-cpu")
     assert module.device.target.device_class == "cpu"
+    # each block is its conv's default oc_bn on this device (its SIMD lanes decide it):
+    # 12 for 24 channels with 8 lanes; a 16-lane device's Winograd default takes 24
+    optimized = optimize(branchy_graph())
+    plan, _tasks, _choices = select_layers(optimized, CPU, None, module.device.limits)
+    blocks = {n.name: b for n, b in plan_layouts(optimized, plan).items()}
+    b1, b3 = blocks["conv1"], blocks["conv3"]
+    assert set(blocks) == {"conv1", "conv3"} and 24 % b1 == 0 and 24 % b3 == 0
+    if module.device.limits.simd_lanes < 16:
+        assert (b1, b3) == (12, 12)
     steps = steps_by_layer(module)
     shapes = {name: [b.shape for b in s.kernel.buffers] for name, s in steps.items()}
-    # conv1: plain graph input in, NCHW[12]c out (read by conv2 and conv3's residual)
-    assert shapes["conv1"][0] == (1, 16, 14, 14) and shapes["conv1"][-1] == (1, 2, 14, 14, 12)
+    # conv1: plain graph input in, NCHW[b1]c out (read by conv2 and conv3's residual)
+    assert shapes["conv1"][0] == (1, 16, 14, 14)
+    assert shapes["conv1"][-1] == (1, 24 // b1, 14, 14, b1)
     # conv2: blocked in, plain out: the max-pool reads it
-    assert shapes["conv2"][0] == (1, 2, 14, 14, 12) and shapes["conv2"][-1] == (1, 32, 14, 14)
+    assert shapes["conv2"][0] == (1, 24 // b1, 14, 14, b1)
+    assert shapes["conv2"][-1] == (1, 32, 14, 14)
     # conv3: plain data, blocked residual, blocked out
     assert shapes["conv3"][0] == (1, 32, 14, 14)
-    assert shapes["conv3"][-2] == (1, 2, 14, 14, 12) and shapes["conv3"][-1] == (1, 2, 14, 14, 12)
+    assert shapes["conv3"][-2] == (1, 24 // b1, 14, 14, b1)
+    assert shapes["conv3"][-1] == (1, 24 // b3, 14, 14, b3)
     # conv4: blocked in, plain out (a graph output)
-    assert shapes["conv4"][0] == (1, 2, 14, 14, 12) and shapes["conv4"][-1] == (1, 20, 14, 14)
+    assert shapes["conv4"][0] == (1, 24 // b3, 14, 14, b3)
+    assert shapes["conv4"][-1] == (1, 20, 14, 14)
     pool = next(s for s in module.program.steps if "max_pool" in s.name)
     assert [b.shape for b in pool.kernel.buffers] == [(1, 32, 14, 14), (1, 32, 7, 7)]
-    assert sorted(module.program.blocks.values()) == [12, 12]
+    assert sorted(module.program.blocks.values()) == sorted([b1, b3])
     assert not any("layout" in s.name for s in module.program.steps)
     got = module.run([x])
     for g, w in zip(got, want):
