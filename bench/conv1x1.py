@@ -22,9 +22,18 @@ config on every 1x1 layer (each offered as a record measured here, so the build 
 it); both outputs checked against onnxruntime's, then alternating rounds of 3 runs
 each, CPU seconds (``--wall``: wall clock) per run.
 
+``--lanes``: the 1x1 template's default config for an 8-lane device (AVX2) against its
+default for a 16-lane one (AVX-512), on every 1x1 layer without padding of ``--models``
+(one row per workload, weighted by its layers), beside the direct template's 16-lane
+default (a build takes the faster record) and onnxruntime's Conv (CPUExecutionProvider,
+this machine's cores, its threads told not to spin, so its CPU seconds are its work) on
+the same arrays; CPU seconds (``--wall``: wall clock). Every kernel's and onnxruntime's
+output is checked against numpy first; blocked data and output as a build chains them.
+
     .venv/bin/python bench/conv1x1.py                    # every 1x1 layer, blocked
     .venv/bin/python bench/conv1x1.py --io plain --layers 1x1s2
     .venv/bin/python bench/conv1x1.py --model resnet50
+    .venv/bin/python bench/conv1x1.py --lanes --models resnet50,densenet121
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from compiler.runtime.measure import max_abs_error_ok
 from compiler.tasks import CONV1X1_CPU, CONV_CPU
 from compiler.templates import Epilogue, IOLayout, get_template
 from compiler.templates.base import from_blocked, to_blocked
-from schemas import MeasureOptions, Workload
+from schemas import DeviceLimits, MeasureOptions, Workload
 
 DATA_BLOCK = 16  # what the layer before writes by default (its oc_bn)
 CHECK = MeasureOptions(number=1, repeat=1, min_repeat_ms=0)
@@ -57,13 +66,17 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def prepared(device: Device, workload: Workload, blocked: bool) -> Callable[[], None]:
-    """One launch of ``workload``'s default config, its output checked against numpy."""
+def prepared(device: Device, workload: Workload, blocked: bool,
+             limits: DeviceLimits | None = None) -> Callable[[], None]:
+    """One launch of ``workload``'s default config (for ``limits``), its output checked
+    against numpy."""
     template = get_template(workload.template)
-    config = template.default_config(workload)
+    config = template.default_config(workload, limits)
     arrays = template.make_inputs(workload, Epilogue(), np.random.default_rng(0))
     want = template.reference(workload, arrays)
-    io = IOLayout(DATA_BLOCK, template.out_block(workload, config)) if blocked else IOLayout()
+    data_block = DATA_BLOCK if arrays[0].shape[1] % DATA_BLOCK == 0 else 0
+    io = (IOLayout(data_block, template.out_block(workload, config)) if blocked
+          else IOLayout())
     kernel = template.codegen(workload, config, device.dialect, Epilogue(), io)
     program = device.build(kernel)
     buffers = [device.upload(np.ascontiguousarray(to_blocked(arrays[0], io.data_block))),
@@ -75,6 +88,96 @@ def prepared(device: Device, workload: Workload, blocked: bool) -> Callable[[], 
     if not ok:
         raise SystemExit(f"{workload.template} {workload.args[:3]}: differs from numpy: {why}")
     return lambda: device.run(program, kernel, [*buffers, out])
+
+
+def onnxruntime_prepared(workload: Workload) -> Callable[[], None]:
+    """One run of onnxruntime's Conv on ``workload``'s arrays (plain NCHW, as its graph
+    has them), its output checked against numpy. Its intra-op threads (this machine's
+    cores) block rather than spin when idle, so its CPU seconds count its work."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    template = get_template(workload.template)
+    op = template.parse(workload)
+    arrays = template.make_inputs(workload, Epilogue(), np.random.default_rng(0))
+    want = template.reference(workload, arrays)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[op.kh, op.kw],
+                            pads=list(op.pad), strides=list(op.stride))
+    graph = helper.make_graph(
+        [node], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(op.input_shapes[0]))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(op.output_shape))],
+        initializer=[numpy_helper.from_array(arrays[1], name="w")])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    feed = {"x": arrays[0]}
+    ok, why = max_abs_error_ok(session.run(None, feed)[0], want, CHECK)
+    if not ok:
+        raise SystemExit(f"onnxruntime {workload.args[:3]}: differs from numpy: {why}")
+    return lambda: session.run(None, feed)
+
+
+def lanes_main(device: Device, models: list[str], rounds: int,
+               clock: Callable[[], float]) -> int:
+    """``--lanes``: the 1x1 default for 8 lanes against it for 16 lanes, the direct 16-lane
+    default and onnxruntime, alternating; ratios are the 8-lane default's time over each
+    one's."""
+    import onnx
+
+    from compiler.build_module import load_graph
+    from compiler.frontend.samples import light_path
+    from compiler.passes import optimize
+    from compiler.tasks import extract_tasks
+
+    lanes8 = device.limits.model_copy(update={"simd_lanes": 8})
+    lanes16 = device.limits.model_copy(update={"simd_lanes": 16})
+    names = ("1x1, 8 lanes", "1x1, 16 lanes", "direct, 16 lanes", "onnxruntime")
+    base = names[0]
+    print(f"\nratios: the {base} default's time / each one's\n")
+    print(f"| model | layer | layers | load | {base} GFLOP/s | " + " | ".join(names[1:]) + " |")
+    print("|---|---|---:|---:|---:|" + "---:|" * (len(names) - 1))
+    columns = (*names, "faster 16-lane template")
+    totals = {m: {n: 0.0 for n in columns} for m in (*models, "all")}
+    for model in models:
+        graph = optimize(load_graph(onnx.load(light_path(model))))
+        for task in extract_tasks(graph, device.target, every_candidate=True):
+            if task.template != CONV1X1_CPU:
+                continue
+            gemm = task.workload
+            direct = Workload(template=CONV_CPU, args=gemm.args)
+            runs = dict(zip(names, (prepared(device, gemm, True, lanes8),
+                                    prepared(device, gemm, True, lanes16),
+                                    prepared(device, direct, True, lanes16),
+                                    onnxruntime_prepared(gemm))))
+            op = get_template(CONV1X1_CPU).parse(gemm)
+            gflop = op.flops / 1e9
+            launches = max(3, round(0.2 / gflop))
+            per: dict[str, list[float]] = {n: [] for n in names}
+            for _ in range(rounds):
+                for n, launch in runs.items():
+                    start = clock()
+                    for _ in range(launches):
+                        launch()
+                    per[n].append((clock() - start) / launches)
+            med = {n: statistics.median(v) for n, v in per.items()}
+            med["faster 16-lane template"] = min(med[names[1]], med[names[2]])
+            layers = len(task.layers)
+            for m in (model, "all"):
+                for n in columns:
+                    totals[m][n] += med[n] * layers
+            label = f"{op.c}->{op.co} s{op.stride[0]} {op.h}x{op.w}"
+            print(f"| {model} | {label} | {layers} | {os.getloadavg()[0]:.1f} "
+                  f"| {gflop / med[base]:.1f} | "
+                  + " | ".join(f"{med[base] / med[n]:.2f}x" for n in names[1:]) + " |",
+                  flush=True)
+    print("\n# weighted by layers, the 8-lane 1x1 default's time over each one's:")
+    for m, t in totals.items():
+        print(f"#   {m}: " + ", ".join(f"{n} {t[base] / t[n]:.2f}x" for n in columns[1:]))
+    return 0
 
 
 def model_main(device: Device, name: str, rounds: int, clock: Callable[[], float]) -> int:
@@ -143,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--wall", action="store_true", help="wall-clock seconds, not CPU seconds")
     p.add_argument("--model", default="", help="a light model: builds with and without it")
+    p.add_argument("--lanes", action="store_true",
+                   help="the 8-lane default against the 16-lane one (and the direct "
+                        "template's, onnxruntime's) on --models' 1x1 layers")
+    p.add_argument("--models", default="resnet50,densenet121",
+                   help="light models whose 1x1 layers --lanes times")
     args = p.parse_args(argv)
     device = open_device()
     clock = time.perf_counter if args.wall else cpu_seconds
@@ -151,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     print_header("bench/conv1x1.py", device.info.name, f" | io {args.io} | {'wall' if args.wall else 'CPU'} seconds")
     if args.model:
         return model_main(device, args.model, args.rounds, clock)
+    if args.lanes:
+        return lanes_main(device, args.models.split(","), args.rounds, clock)
     print("\n| # | layer | load | direct default | 1x1 default | 1x1 / direct |")
     print("|---:|---|---:|---:|---:|---:|")
     ratios = []

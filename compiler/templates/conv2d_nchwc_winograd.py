@@ -61,7 +61,8 @@ from compiler.templates.base import (
     simd_lanes,
     split_features,
 )
-from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT, blocked_io_buffers
+from compiler.templates.conv2d_nchwc import AVX512_LANES, blocked_io_buffers
+from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT
 from compiler.templates.conv2d_winograd import (
     KERNEL_SIZE,
     WinogradOp,
@@ -81,7 +82,6 @@ VEC_CANDIDATES = (1, 2, 4, 8, 16)
 WG_CANDIDATES = (1, 2, 4)  # each divides alpha^2 (16 and 36)
 # The 16-lane default (``avx512_default``), measured on a 2-core Xeon (Emerald Rapids,
 # PoCL skylake-avx512) with bench/winograd.py --lanes
-AVX512_LANES = 16
 AVX512_OC_BN = 64  # 4 zmm of weights per channel step
 SMALL_TILE_TILES = 16  # F(4x4) tiles of a 14x14 (or smaller) image
 SMALL_TILE_WEIGHTS = 128 * 128  # C * K: U at F(4x4) 2.4 MB, past a core's 2 MiB L2
