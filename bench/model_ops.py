@@ -3,14 +3,16 @@ in a build that gives each conv layer the best CPU template by its DEFAULT confi
 
 Per light model of the onnx package (random weights, up to the logits), in one run:
 
-1. two builds: the default build (no records: what an untuned build does; since git
+1. three builds: the default build (no records: what an untuned build does; since git
    1fc6ab4 Winograd's default on 3x3 stride-1 layers of >= 16 input channels and
-   ``conv2d_NCHWc.x86``'s elsewhere, before it the direct template everywhere) and the
-   "best-template" build: Winograd's default config
+   ``conv2d_NCHWc.x86``'s elsewhere, before it the direct template everywhere; each
+   template's default sized for this device's SIMD lanes), the same with the 8-lane
+   (AVX2) defaults (the default build before the defaults followed the lanes; the same
+   build on an 8-lane device), and the "best-template" build: Winograd's default config
    on every 3x3 stride-1 layer, the 1x1 template's on every 1x1 layer without padding,
    the direct template elsewhere (each offered as this device's fastest record, so the
    build takes it); both outputs checked against onnxruntime's;
-2. onnxruntime and both builds timed in alternating rounds (medians, ms per run);
+2. onnxruntime and the builds timed in alternating rounds (medians, ms per run);
 3. the best-template build's device time per step (each step's minimum over ``--rounds``
    profiles), summed per conv workload (all layers running it) or per other op kind;
    the top ``--top`` rows with their share, and for conv rows onnxruntime's Conv on the
@@ -26,6 +28,8 @@ row is the bare conv, so a ratio a few percent over 1.0 may be the epilogue.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import os
 import statistics
 import sys
@@ -52,11 +56,21 @@ BEST_TEMPLATES = (WINOGRAD_CPU, CONV1X1_CPU)
 
 
 def default_records(module_tasks: list, device: Device) -> list[Record]:
-    """Each Winograd/1x1 task's default config as this device's fastest record."""
+    """Each Winograd/1x1 task's default config (for this device's lanes) as this device's
+    fastest record."""
     return [Record(target=device.target, workload=t.workload,
-                   config=get_template(t.template).default_config(t.workload),
+                   config=get_template(t.template).default_config(t.workload, device.limits),
                    result=MeasureResult(costs=(1e-9,), error_no=MeasureErrorNo.NO_ERROR))
             for t in module_tasks if t.template in BEST_TEMPLATES]
+
+
+def eight_lanes(device: Device) -> Device:
+    """``device`` as an 8-lane (AVX2) device would describe itself: a build on it takes
+    the 8-lane defaults, the kernels run on the same device."""
+    view = copy.copy(device)
+    view.info = dataclasses.replace(device.info, limits=device.limits.model_copy(
+        update={"simd_lanes": 8}))
+    return view
 
 
 def step_minima(modules: dict[str, Module], rounds: int) -> dict[str, list[float]]:
@@ -98,7 +112,8 @@ def model_main(device: Device, name: str, rounds: int, top: int) -> None:
     want = ort_run()
     graph = optimize(load_graph(model))
     records = default_records(extract_tasks(graph, device.target), device)
-    modules = {"default build": build(graph, device=device, optimized=True),
+    modules = {"8-lane default build": build(graph, device=eight_lanes(device), optimized=True),
+               "default build": build(graph, device=device, optimized=True),
                "best-template build": build(graph, device=device, optimized=True,
                                             records=MemorySource(records))}
     scale = float(np.abs(want).max())
@@ -122,12 +137,14 @@ def model_main(device: Device, name: str, rounds: int, top: int) -> None:
     med = {k: statistics.median(v) for k, v in costs.items()}
     print(f"\nms per run, medians of {rounds} alternating rounds, load "
           f"{os.getloadavg()[0]:.1f}\n")
-    print("| model | onnxruntime | default build | best-template build | default / ort "
-          "| best-template / ort |")
-    print("|---|---:|---:|---:|---:|---:|")
-    o, d, b = med["onnxruntime"], med["default build"], med["best-template build"]
-    print(f"| {name} | {o * 1e3:.1f} | {d * 1e3:.1f} | {b * 1e3:.1f} | {d / o:.2f}x "
-          f"| {b / o:.2f}x |")
+    lanes = device.limits.simd_lanes
+    print(f"| model | onnxruntime | 8-lane default build | default build ({lanes} lanes) "
+          "| best-template build | 8-lane default / ort | default / ort | best-template / ort |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    o, e, d, b = (med["onnxruntime"], med["8-lane default build"], med["default build"],
+                  med["best-template build"])
+    print(f"| {name} | {o * 1e3:.1f} | {e * 1e3:.1f} | {d * 1e3:.1f} | {b * 1e3:.1f} "
+          f"| {e / o:.2f}x | {d / o:.2f}x | {b / o:.2f}x |")
 
     minima = step_minima({"best": best}, rounds)["best"]
     layer_workload = {layer: t.workload for t in best.tasks for layer in t.layers}
