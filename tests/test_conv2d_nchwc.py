@@ -233,6 +233,14 @@ def test_a_16_lane_device_gets_two_vectors_by_up_to_8_pixels() -> None:
     k = TEMPLATE.decode(SWEEP["resnet50.res2.3x3"],
                         TEMPLATE.default_config(SWEEP["resnet50.res2.3x3"], AVX512))
     assert (k["tile_ic"], k["tile_oc"], k["tile_ow"]) == ((4, 16), (2, 32), (7, 8))
+    # strided 3x3: channel blocks innermost where the input outweighs the weights
+    # (128 on 56x56), outermost at 16 lanes where the weights do (512 on 14x14)
+    res3a, res5a = SWEEP["resnet50.res3a.3x3s2"], nchwc_workload(1, 512, 14, 512, 3, 2, 1)
+    assert strided_loops(TEMPLATE.parse(res3a), 16, 16) == {"order_oc": 1, "unroll_ci": 8}
+    assert strided_loops(TEMPLATE.parse(res5a), 16, 16) == {"order_oc": 0, "unroll_ci": 8}
+    assert strided_loops(TEMPLATE.parse(res5a), 16, 8) == {"order_oc": 1, "unroll_ci": 8}
+    k = TEMPLATE.decode(res5a, TEMPLATE.default_config(res5a, AVX512))
+    assert (k["order_oc"], k["unroll_ci"]) == (0, 8)
 
 
 def test_16_lane_default_configs_match_numpy(measure_pool: MeasurePool) -> None:

@@ -137,18 +137,26 @@ def default_oc_bn(co: int, lanes: int = 0) -> int:
     return _largest_factor(co, 16)
 
 
-def strided_loops(op: Conv2dOp, ic_bn: int) -> dict[str, int]:
+def strided_loops(op: Conv2dOp, ic_bn: int, lanes: int = 0) -> dict[str, int]:
     """The default loop knobs of a strided kernel larger than 1x1 (else none): channel
     blocks innermost (order_oc 1: a pixel block's input rows, read at stride 2, stay in
     cache while every weight block passes over them) and the ci loop unrolled by the
     largest of ``STRIDED_UNROLL_CI`` dividing ic_bn; none where neither 4 nor 8 divides
     ic_bn. On ResNet-50's three 3x3 stride-2 layers it took 4-20% less CPU time per launch
     than the loops before, side by side on a loaded machine (load 5-12,
-    bench/direct_strided.py)."""
+    bench/direct_strided.py; a Zen 1 AVX2 VM).
+    At 16 lanes a layer whose weights outweigh its input keeps the channel blocks
+    outermost (each weight block then stays in cache while every row passes over it):
+    on the AVX-512 Xeon ResNet-50's 256->256 on 28x28 (2.4 MB of weights, 0.8 MB of
+    input) and 512->512 on 14x14 (9.4 MB, 0.4 MB) ran 1.32-1.33x faster so, 128->128 on
+    56x56 (0.6 MB, 1.6 MB) the same (bench/direct_defaults.py's variants, quiet)."""
     if op.stride == (1, 1) or (op.kh, op.kw) == (1, 1):
         return {}
     unroll = max(u for u in (1, *STRIDED_UNROLL_CI) if ic_bn % u == 0)
-    return {"order_oc": 1, "unroll_ci": unroll} if unroll > 1 else {}
+    if unroll == 1:
+        return {}
+    weights_win = lanes >= AVX512_LANES and op.co * op.kh * op.kw > op.h * op.w
+    return {"order_oc": 0 if weights_win else 1, "unroll_ci": unroll}
 
 
 class Conv2dNCHWc(Template):
@@ -251,7 +259,7 @@ class Conv2dNCHWc(Template):
             "order_oc": 0,
             "unroll_ci": 2 if one_by_one and ic_bn % 2 == 0 else 1,
         }
-        values.update(strided_loops(op, ic_bn))
+        values.update(strided_loops(op, ic_bn, lanes))
         if one_by_one:
             values["tile_oh"] = 1
         else:
