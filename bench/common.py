@@ -20,6 +20,18 @@ from compiler.templates.ops import Conv2dOp
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# onnxruntime's intra-op threads spin on for tens of ms after a run (~40 ms of this
+# process's CPU, bench/winograd.py): a kernel or model timed right after one competes with
+# them for the cores, by as much as 1.5x on a whole model here
+SPIN_SETTLE_S = 0.1
+
+
+def settle() -> None:
+    """Let the previous entry's threads park before the next entry's clock starts: call
+    it before each timed entry of an alternating round."""
+    time.sleep(SPIN_SETTLE_S)
+
+
 def onnxruntime_conv(op: Conv2dOp, weight: np.ndarray, threads: int) -> Callable[[np.ndarray], Any]:
     """onnxruntime's Conv of ``op`` (weight a constant, CPUExecutionProvider, ``threads``
     intra-op threads) as a function of the data."""

@@ -36,7 +36,7 @@ import sys
 from collections import defaultdict
 
 import numpy as np
-from common import host_seconds, onnxruntime_conv, print_header
+from common import host_seconds, onnxruntime_conv, print_header, settle
 from models import onnxruntime_timer
 from winograd import light_model
 
@@ -131,8 +131,10 @@ def model_main(device: Device, name: str, rounds: int, top: int) -> None:
 
     costs: dict[str, list[float]] = {"onnxruntime": [], **{k: [] for k in modules}}
     for _ in range(rounds):
+        settle()
         costs["onnxruntime"].append(ort_seconds(2))
         for label, module in modules.items():
+            settle()
             costs[label] += module.benchmark(number=2, repeat=1).costs
     med = {k: statistics.median(v) for k, v in costs.items()}
     print(f"\nms per run, medians of {rounds} alternating rounds, load "

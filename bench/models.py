@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import settle
 
 import tuner
 from compiler.build_module import Module, build
@@ -123,8 +124,11 @@ def main() -> None:
                                        err_msg=f"{name} {label} differs from onnxruntime")
         times: dict[str, list[float]] = {"onnxruntime": [], "untuned": [], "tuned": []}
         for _ in range(args.rounds):
+            settle()
             times["onnxruntime"].append(ort_seconds(args.number))
+            settle()
             times["untuned"].append(untuned.benchmark(number=args.number, repeat=1).mean)
+            settle()
             times["tuned"].append(tuned.benchmark(number=args.number, repeat=1).mean)
         med = {k: statistics.median(v) for k, v in times.items()}
         flops = sum(t.total_flops for t in untuned.tasks)

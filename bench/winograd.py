@@ -54,11 +54,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import host_seconds, onnxruntime_conv, print_header
+from common import host_seconds, onnxruntime_conv, print_header, settle
 from tuning_real import tune
 
 from compiler.runtime import Device, open_device
-from compiler.runtime.measure import MeasureRequest, max_abs_error_ok, measure, task_operands
+from compiler.runtime.measure import (
+    MeasureRequest,
+    max_abs_error_ok,
+    measure,
+    task_operands,
+)
 from compiler.tasks import CONV_CPU, CONV_GPU, WINOGRAD, WINOGRAD_CPU
 from compiler.templates import Epilogue, get_template
 from compiler.templates.ops import Conv2dOp
@@ -239,7 +244,6 @@ def winograd_layers(device: Device, name: str) -> list[tuple[Workload, int]]:
 
 
 LANES = (8, 16)  # the devices whose defaults --lanes compares: AVX2, AVX-512
-ORT_SPIN_SECONDS = 0.1  # a pause after each timed batch (onnxruntime's threads spin)
 
 
 def lanes_main(device: Device, models: list[str], rounds: int, ort_threads: int) -> int:
@@ -284,7 +288,7 @@ def lanes_main(device: Device, models: list[str], rounds: int, ort_threads: int)
                     wall[label].append((time.perf_counter() - wall0) / launches)
                     # onnxruntime's pool spins a while after a run, in this process: let
                     # it park before the next kernel's clocks start
-                    time.sleep(ORT_SPIN_SECONDS)
+                    settle()
             med = {f"{k} {clock}": statistics.median(v)
                    for clock, per in (("cpu", cpu), ("wall", wall)) for k, v in per.items()}
             for scope in (model, "all models"):
