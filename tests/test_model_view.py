@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from server_fixtures import BACKENDS, migrated_sessions
-from sqlalchemy import insert, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from compiler.templates import get_template
@@ -196,3 +196,28 @@ def test_a_late_verification_result_is_folded_in(sessions: sessionmaker[Session]
     assert (view.trials_done, view.tasks[0].best_cost, views.rebuilds) == (20, 1e-9, 2)
     view = compare(sessions, views, job.id)  # folded now: the check passes
     assert views.rebuilds == 2
+
+
+def test_the_default_is_the_one_the_scheduler_planned(sessions: sessionmaker[Session]) -> None:
+    """A task's ``default_index`` (the default planned for its devices' lanes) is the
+    default the view prices, not the template's default without device limits; a task
+    without one (stored before it was kept) falls back to the latter."""
+    job = Job(sessions, 1)
+    (task_id,) = job.tasks
+    job.store([1, 2])  # the template's default config, then default + 1
+    template_default = get_template(DENSE).default_config(
+        Workload(template=DENSE, args=ARGS[0])).index
+    with sessions() as session:
+        costs = {int(i): float(c) for i, c in session.execute(
+            select(TrialRow.config_index, RecordRow.mean_cost)
+            .join(RecordRow, RecordRow.trial_id == TrialRow.id))}
+    assert costs[template_default] != costs[template_default + 1]
+    with sessions() as session:
+        view = model_view(session, job.id, now=NOW)
+    assert view is not None and view.tasks[0].default_cost == costs[template_default]
+    with sessions.begin() as session:
+        session.execute(update(TaskRow).where(TaskRow.id == task_id)
+                        .values(default_index=template_default + 1))
+    with sessions() as session:
+        view = model_view(session, job.id, now=NOW)
+    assert view is not None and view.tasks[0].default_cost == costs[template_default + 1]

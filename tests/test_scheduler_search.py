@@ -87,7 +87,7 @@ def test_the_servers_scheduler_fits_the_global_model_apart(tmp_path: Path) -> No
 def test_the_first_plan_runs_the_default_sized_for_the_workers_lanes(tmp_path: Path) -> None:
     """The default a job plans first (and verifies at its end) is the one an untuned
     build on the fleet's devices runs: with 16-lane (AVX-512) workers registered, the
-    CPU template's wider default."""
+    CPU template's wider default; the task keeps it, whatever registers later."""
     engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
     upgrade(engine)
     sessions = session_factory(engine)
@@ -110,3 +110,4 @@ def test_the_first_plan_runs_the_default_sized_for_the_workers_lanes(tmp_path: P
         planned = session.scalars(select(TrialRow).where(TrialRow.task_id == task.id)
                                   .order_by(TrialRow.id)).all()
         assert planned[0].config_index == wide
+        assert task.default_index == wide  # what the verification and the view read

@@ -143,6 +143,9 @@ class TaskRow(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it failed
     # the model's layers this task serves (null: unknown, counted as one layer)
     layers: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # the default config planned first (the template's, sized for the serving devices'
+    # lanes); null: not planned yet, not valid there, or a task from before it was kept
+    default_index: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class TrialRow(Base):

@@ -101,8 +101,10 @@ def registered_fleet(session: Session,
 
 
 def limits_for(fleet: Fleet, job_target: Target) -> DeviceLimits | None:
-    """The tightest limits among registered workers that can run this job's trials (the
-    fewest SIMD lanes among them too: a default config then fits every one)."""
+    """The tightest limits among registered workers that can run this job's trials. Their
+    fewest SIMD lanes too: every PoCL CPU shares one queue, so a queue of AVX2 and
+    AVX-512 workers plans (and verifies) the 8-lane default, which runs on all of them,
+    though an untuned build on the AVX-512 ones runs their 16-lane default."""
     name = queue_name(job_target)
     rows = [limits for queues, limits in fleet if name in queues]
     if not rows:

@@ -25,19 +25,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from compiler.templates import get_template
-from schemas import DeviceLimits, Target, Workload
-from schemas.api import (
-    FINAL,
-    CurvePoint,
-    JobStatus,
-    LatencyPoint,
-    ModelTask,
-    ModelView,
-    TaskStatus,
-)
+from schemas import Workload
+from schemas.api import FINAL, CurvePoint, JobStatus, LatencyPoint, ModelTask, ModelView, TaskStatus
 from schemas.measure import FAILED_COST
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow
-from tuner_server.services.fleet import limits_for, registered_fleet
 from tuner_server.services.records import workload_flops
 
 # SQLite's bound-parameter limit is 32,766 on current builds and 999 on old ones.
@@ -71,19 +62,22 @@ def _epoch(value: datetime | None) -> float | None:
     return value.timestamp()
 
 
-def _default_index(task: TaskRow, limits: DeviceLimits | None) -> int | None:
-    """The config index an untuned build runs (the template's fallback for the devices
-    that serve the job, as the scheduler plans it); None when the template is unknown
-    here or cannot read the workload."""
-    return _default_of(task.template, json.dumps(task.args, separators=(",", ":")), limits)
+def _default_index(task: TaskRow) -> int | None:
+    """The config index an untuned build runs: the default the scheduler planned first
+    (sized for the devices that served the job), or for a task from before that was kept
+    the template's default without device limits; None when the template is unknown here
+    or cannot read the workload."""
+    if task.default_index is not None:
+        return int(task.default_index)
+    return _default_of(task.template, json.dumps(task.args, separators=(",", ":")))
 
 
 @lru_cache(maxsize=4096)
-def _default_of(template: str, args_json: str, limits: DeviceLimits | None) -> int | None:
+def _default_of(template: str, args_json: str) -> int | None:
     # cached: a config space takes milliseconds to build, and the view is polled
     try:
         workload = Workload(template=template, args=args_json)
-        return int(get_template(template).default_config(workload, limits).index)
+        return int(get_template(template).default_config(workload).index)
     except Exception:  # noqa: BLE001 - a task the server cannot read has no default figure
         return None
 
@@ -215,9 +209,9 @@ def _created(session: Session, fold: _JobFold, record_ids: Sequence[int]) -> dic
     return known
 
 
-def _new_fold(tasks: Sequence[TaskRow], limits: DeviceLimits | None) -> _JobFold:
-    return _JobFold({t.id: _TaskFold(len(t.layers) if t.layers else 1,
-                                     _default_index(t, limits)) for t in tasks})
+def _new_fold(tasks: Sequence[TaskRow]) -> _JobFold:
+    return _JobFold({t.id: _TaskFold(len(t.layers) if t.layers else 1, _default_index(t))
+                     for t in tasks})
 
 
 def _signature(fold: _JobFold) -> list[tuple[int, int, int | None]]:
@@ -267,12 +261,11 @@ class ModelViews:
             self._slots.move_to_end(job_id)
             return slot
 
-    def update(self, session: Session, slot: _Slot, tasks: Sequence[TaskRow],
-               limits: DeviceLimits | None) -> _JobFold:
+    def update(self, session: Session, slot: _Slot, tasks: Sequence[TaskRow]) -> _JobFold:
         """The slot's fold brought up to the results stored now (the caller holds
         ``slot.lock``)."""
         fold = slot.fold
-        if fold is not None and _signature(fold) == _signature(_new_fold(tasks, limits)):
+        if fold is not None and _signature(fold) == _signature(_new_fold(tasks)):
             task_ids = list(fold.tasks)
             for _ in range(2):
                 _extend(session, fold, task_ids)
@@ -281,7 +274,7 @@ class ModelViews:
                     return fold
         with self._lock:  # calls for other jobs may rebuild at the same time
             self.rebuilds += 1
-        slot.fold = fold = _new_fold(tasks, limits)
+        slot.fold = fold = _new_fold(tasks)
         _extend(session, fold, list(fold.tasks))
         return fold
 
@@ -302,14 +295,13 @@ def model_view(session: Session, job_id: int, now: float | None = None,
         return None
     rows = session.scalars(select(TaskRow).where(TaskRow.job_id == job_id)
                            .order_by(TaskRow.id)).all()
-    limits = limits_for(registered_fleet(session), Target.parse(job.target))
     if views is None:
-        fold = _new_fold(rows, limits)
+        fold = _new_fold(rows)
         _extend(session, fold, list(fold.tasks))
         return _view(session, job, rows, fold, now)
     slot = views.slot(job_id)
     with slot.lock:
-        return _view(session, job, rows, views.update(session, slot, rows, limits), now)
+        return _view(session, job, rows, views.update(session, slot, rows), now)
 
 
 def _view(session: Session, job: JobRow, rows: Sequence[TaskRow], fold: _JobFold,

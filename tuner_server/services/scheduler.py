@@ -321,16 +321,19 @@ def _leased(session: Session, task_id: int) -> int:
         TrialRow.task_id == task_id, TrialRow.status == TrialStatus.LEASED)) or 0
 
 
-def _verification(session: Session, job: JobRow, task: TaskRow,
-                  limits: DeviceLimits | None) -> list[TrialRow]:
+def _verification(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow]:
     """The verification of a task whose search ended, in the order a worker is to lease
     it: its ``verify_top`` best distinct configs by recorded cost, then the template's
-    default config when the search ran it (so the default competes on equal terms),
+    default config when the search ran it (the one it planned first, ``default_index``;
+    a task from before that was kept: the template's default without device limits), so
+    the default competes on equal terms,
     ``VERIFY_ROUNDS`` rounds of them interleaved (c1, c2, c3, d, c1, c2, c3, d, ...): a
     drift in the device's speed (load, clocks, heat) then falls on every config alike.
     Empty when fewer than two configs qualify: there is nothing to choose between."""
-    workload = Workload(template=task.template, args=task.args)
-    default = get_template(task.template).default_config(workload, limits).index
+    default = task.default_index
+    if default is None:
+        workload = Workload(template=task.template, args=task.args)
+        default = get_template(task.template).default_config(workload).index
     measured = session.execute(
         select(TrialRow.config_index, TrialRow.config, RecordRow.error_no)
         .join(RecordRow, RecordRow.trial_id == TrialRow.id)
@@ -348,8 +351,7 @@ def _verification(session: Session, job: JobRow, task: TaskRow,
             for round_ in range(1, VERIFY_ROUNDS + 1) for index, config in configs]
 
 
-def _end_search(session: Session, job: JobRow, task: TaskRow,
-                limits: DeviceLimits | None) -> Sequence[QueuedTrial]:
+def _end_search(session: Session, job: JobRow, task: TaskRow) -> Sequence[QueuedTrial]:
     """A task whose search ended (budget, early stopping, space exhausted) is verified
     (``_verification``) once its leased search trials are in, then ends; a job without
     verification ends it at once."""
@@ -359,7 +361,7 @@ def _end_search(session: Session, job: JobRow, task: TaskRow,
         return []
     if _leased(session, task.id):
         return []  # their results may be among the best
-    trials = _verification(session, job, task, limits)
+    trials = _verification(session, job, task)
     if not trials:
         _end_task(session, task)
         return []
@@ -377,7 +379,7 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimit
             _end_task(session, task)
         return []
     if task.trials_done >= job.n_trial or _stopped_early(task, job):
-        return _end_search(session, job, task, limits)
+        return _end_search(session, job, task)
     want = min(job.plan_size, job.n_trial - task.trials_planned)
     if outstanding >= job.plan_size or want <= 0:
         return []
@@ -386,9 +388,13 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimit
     indices = np.empty(0, dtype=np.int64)
     if not len(search.visited):
         # The template's fallback goes first: what an untuned build runs is then always
-        # among the candidates, so a tuned build is never slower than an untuned one.
+        # among the candidates, so a tuned build is never slower than an untuned one. It
+        # is sized for the devices' lanes (the fewest among the queue's workers), and kept
+        # on the task: the verification and the model view read it, whatever registers
+        # later.
         default = np.array([tuner.template.default_config(tuner.workload, limits).index])
         indices = default[tuner.valid(default)]
+        task.default_index = int(indices[0]) if len(indices) else None
         search.visited.add(indices)  # the state is dropped if this plan is not stored
     if want > len(indices):
         proposed = tuner.propose(want - len(indices), search.visited,
@@ -402,7 +408,7 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimit
         search.visited.add(fresh)
         indices = np.concatenate([indices, fresh])
     if not len(indices):
-        return _end_search(session, job, task, limits) if outstanding == 0 else []
+        return _end_search(session, job, task) if outstanding == 0 else []
     trials = _insert_trials(session, task, queue_name(Target.parse(job.target)),
                             tuner.space.configs_json(indices), indices.tolist())
     if search.measured is not None:
