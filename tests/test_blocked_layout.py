@@ -256,10 +256,15 @@ def steps_by_layer(module: Module) -> dict[str, object]:
 
 
 def test_plan_blocks_conv_outputs_only_convs_read() -> None:
-    graph = optimize(branchy_graph())
-    plan, _tasks, _choices = select_layers(graph, CPU, None, DeviceLimits())
-    blocks = {n.name: b for n, b in plan_layouts(graph, plan).items()}
-    assert blocks == {"conv1": 12, "conv3": 12}
+    """Each block is its conv's default oc_bn for the device's lanes: 12 for 24 channels
+    with 8 lanes (or unknown); with 16, conv1's Winograd default takes 24 (32 does not
+    divide 24, so the direct 1x1 conv3 keeps 12)."""
+    for lanes, want in ((0, {"conv1": 12, "conv3": 12}), (8, {"conv1": 12, "conv3": 12}),
+                        (16, {"conv1": 24, "conv3": 12})):
+        graph = optimize(branchy_graph())
+        plan, _tasks, _choices = select_layers(graph, CPU, None, DeviceLimits(simd_lanes=lanes))
+        blocks = {n.name: b for n, b in plan_layouts(graph, plan).items()}
+        assert blocks == want, lanes
 
 
 def test_branchy_graph_keeps_blocks_between_convs_and_matches_the_interpreter() -> None:

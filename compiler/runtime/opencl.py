@@ -126,7 +126,7 @@ def _simd_lanes(device: Any) -> int:
     """CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT (PoCL: 16 on AVX-512, 8 on AVX2); 0 where the
     driver does not answer."""
     try:
-        return max(0, int(device.native_vector_width_float))
+        return min(1024, max(0, int(device.native_vector_width_float)))
     except Exception:  # noqa: BLE001 - a driver that fails the query: lanes unknown
         return 0
 

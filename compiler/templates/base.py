@@ -587,6 +587,11 @@ def _launch_bounds(kernel: Kernel) -> str:
     return source
 
 
+# float32 lanes of an AVX-512 vector: a device with this many gets the CPU templates'
+# wider default tiles (``Template.default_config``)
+AVX512_LANES = 16
+
+
 def simd_lanes(limits: DeviceLimits | None) -> int:
     """float32 lanes of the device's native vector; 0 where unknown (no limits given, or a
     device that does not say): a default config then keeps its AVX2-sized tile."""

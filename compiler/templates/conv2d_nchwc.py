@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from compiler.templates.base import (
+    AVX512_LANES,
     Buffer,
     Epilogue,
     IOLayout,
@@ -91,8 +92,8 @@ UNROLL_CI_CANDIDATES = (1, 2, 4, 8, 16)
 # The loop-structure knobs appended after the OpenCL ones; a config without them (a
 # TopHub record, a record of ours from before) runs today's loops: these values.
 LOOP_DEFAULTS = {"order_oc": 0, "unroll_ci": 1}
-# A device with this many float32 lanes (AVX-512) gets the wider default tile
-AVX512_LANES, AVX512_OC_BN = 16, 32
+# oc_bn of the 16-lane (AVX-512) default where it divides K (``default_oc_bn``)
+AVX512_OC_BN = 32
 # ci unrolls a strided KxK default config takes, the largest dividing ic_bn first
 STRIDED_UNROLL_CI = (4, 8)
 ENTRY = "conv2d_nchwc_kernel"
@@ -125,13 +126,13 @@ def default_reg_n(ow: int, lanes: int = 0) -> int:
 
 def default_oc_bn(co: int, lanes: int = 0) -> int:
     """oc_bn of the default config: the largest factor of K up to 16 (AutoTVM's), or
-    ``AVX512_OC_BN`` (32) at 16 lanes where it divides K. One 16-lane vector per pixel left the AVX-512
-    default with 4-6 accumulator vectors, too few chains for two FMA units of 4 cycles'
-    latency; two vectors x reg_n up to 8 keep 14-16 in flight (of 32 registers). On a
-    2-core Xeon (Emerald Rapids, PoCL's skylake-avx512) that ran ResNet-50's direct
-    layers 1.38-1.40x faster weighted than the 8-lane default (1.03-1.84x per layer;
-    oc_bn 64 x reg_n 4 or 6 came out 0.96-1.00x, oc_bn 16 x reg_n up to 14 or 28
-    1.06-1.11x): ``bench/direct_defaults.py --models resnet50 --all``."""
+    ``AVX512_OC_BN`` (32) at 16 lanes where it divides K. One 16-lane vector per pixel
+    left the AVX-512 default with 4-6 accumulator vectors, too few chains for two FMA
+    units of 4 cycles' latency; two vectors x reg_n up to 8 keep 14-16 in flight (of 32
+    registers). On a 2-core Xeon (Emerald Rapids, PoCL's skylake-avx512) that ran
+    ResNet-50's direct layers 1.37-1.40x faster weighted than the 8-lane default
+    (0.99-2.66x per layer; oc_bn 64 x reg_n 4 or 6 came out 0.96-1.06x, oc_bn 16 x reg_n
+    up to 14 or 28 1.06-1.11x): ``bench/direct_defaults.py --models resnet50 --all``."""
     if lanes >= AVX512_LANES and co % AVX512_OC_BN == 0:
         return AVX512_OC_BN
     return _largest_factor(co, 16)
@@ -145,7 +146,8 @@ def strided_loops(op: Conv2dOp, ic_bn: int, lanes: int = 0) -> dict[str, int]:
     ic_bn. On ResNet-50's three 3x3 stride-2 layers it took 4-20% less CPU time per launch
     than the loops before, side by side on a loaded machine (load 5-12,
     bench/direct_strided.py; a Zen 1 AVX2 VM).
-    At 16 lanes a layer whose weights outweigh its input keeps the channel blocks
+    At 16 lanes a layer whose weights outweigh its input (C*K*kh*kw against N*C*H*W
+    floats) keeps the channel blocks
     outermost (each weight block then stays in cache while every row passes over it):
     on the AVX-512 Xeon ResNet-50's 256->256 on 28x28 (2.4 MB of weights, 0.8 MB of
     input) and 512->512 on 14x14 (9.4 MB, 0.4 MB) ran 1.32-1.33x faster so, 128->128 on
@@ -155,7 +157,7 @@ def strided_loops(op: Conv2dOp, ic_bn: int, lanes: int = 0) -> dict[str, int]:
     unroll = max(u for u in (1, *STRIDED_UNROLL_CI) if ic_bn % u == 0)
     if unroll == 1:
         return {}
-    weights_win = lanes >= AVX512_LANES and op.co * op.kh * op.kw > op.h * op.w
+    weights_win = lanes >= AVX512_LANES and op.co * op.kh * op.kw > op.n * op.h * op.w
     return {"order_oc": 0 if weights_win else 1, "unroll_ci": unroll}
 
 
@@ -241,7 +243,8 @@ class Conv2dNCHWc(Template):
         loads under, and the unroll was faster on every 1x1 row of ResNet-50 measured
         (bench/space.py).
         A strided kernel larger than 1x1 (ResNet-50's 3x3 stride-2 layers) runs its
-        channel blocks innermost and its ci loop unrolled by ``STRIDED_UNROLL_CI`` (see
+        ci loop unrolled by ``STRIDED_UNROLL_CI`` and its channel blocks innermost (on a
+        16-lane device only where its input outweighs its weights; see
         ``strided_loops``); other kernels keep the loops as they were."""
         op = self.parse(workload)
         space = self.space(workload)

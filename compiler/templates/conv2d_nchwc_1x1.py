@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from compiler.templates.base import (
+    AVX512_LANES,
     Epilogue,
     IOLayout,
     Kernel,
@@ -63,8 +64,8 @@ from compiler.templates.base import (
     simd_lanes,
     split_features,
 )
-from compiler.templates.conv2d_nchwc import AVX512_LANES, blocked_io_buffers
 from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT
+from compiler.templates.conv2d_nchwc import blocked_io_buffers
 from compiler.templates.emit import indent, signature
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigSpace, OtherKnob, SplitKnob
@@ -78,14 +79,14 @@ ORDER_CANDIDATES = (0, 1)
 ENTRY = "conv2d_nchwc_1x1_kernel"
 # The 16-lane (AVX-512) default: output-channel blocks (the first dividing K taken),
 # accumulator vectors per work-item, channel steps per loop step (see ``avx512_knobs``)
-AVX512_OC_BN = (64, 32, 16)
+AVX512_OC_BLOCKS = (64, 32, 16)
 AVX512_ACC_VECTORS = 16
 AVX512_UNROLL_CI = 4
 
 
 def avx512_knobs(op: Conv2dOp) -> dict[str, Any] | None:
     """The 16-lane default's oc_bn, tile_p, vec and unroll_ci; None when 16 does not
-    divide K (the 8-lane default then). oc_bn the first of ``AVX512_OC_BN`` dividing K,
+    divide K (the 8-lane default then). oc_bn the first of ``AVX512_OC_BLOCKS`` dividing K,
     in 16-lane vectors, ``AVX512_ACC_VECTORS`` accumulator vectors (4 pixels x 64, 8 x 32
     or 16 x 16; at most the image's pixels: 256 accumulators, PoCL's cap), the channel
     loop unrolled by ``AVX512_UNROLL_CI`` (or the most of 2, 1 dividing C).
@@ -102,7 +103,7 @@ def avx512_knobs(op: Conv2dOp) -> dict[str, Any] | None:
     1.29-1.50x, 8 x 32 in 8 lanes 0.57-0.63x. ``bench/conv1x1.py --lanes`` (quiet, 9
     rounds): 1.65 / 1.57x, the direct 16-lane default 1.58 / 1.51x, onnxruntime's Conv
     1.37 / 1.26x."""
-    oc_bn = next((b for b in AVX512_OC_BN if op.co % b == 0), None)
+    oc_bn = next((b for b in AVX512_OC_BLOCKS if op.co % b == 0), None)
     if oc_bn is None:
         return None
     most = AVX512_ACC_VECTORS * AVX512_LANES // oc_bn

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from compiler.templates.base import (
+    AVX512_LANES,
     Buffer,
     Epilogue,
     IOLayout,
@@ -61,8 +62,8 @@ from compiler.templates.base import (
     simd_lanes,
     split_features,
 )
-from compiler.templates.conv2d_nchwc import AVX512_LANES, blocked_io_buffers
 from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT
+from compiler.templates.conv2d_nchwc import blocked_io_buffers
 from compiler.templates.conv2d_winograd import (
     KERNEL_SIZE,
     WinogradOp,
@@ -82,7 +83,7 @@ VEC_CANDIDATES = (1, 2, 4, 8, 16)
 WG_CANDIDATES = (1, 2, 4)  # each divides alpha^2 (16 and 36)
 # The 16-lane default (``avx512_default``), measured on a 2-core Xeon (Emerald Rapids,
 # PoCL skylake-avx512) with bench/winograd.py --lanes
-AVX512_OC_BN = 64  # 4 zmm of weights per channel step
+AVX512_MAX_OC_BN = 64  # 4 zmm of weights per channel step
 SMALL_TILE_TILES = 16  # F(4x4) tiles of a 14x14 (or smaller) image
 SMALL_TILE_WEIGHTS = 128 * 128  # C * K: U at F(4x4) 2.4 MB, past a core's 2 MiB L2
 ENTRY_INPUT = "wino_cpu_input_transform"
@@ -260,10 +261,10 @@ class Conv2dNCHWcWinograd(Template):
 
 def avx512_default(op: Conv2dOp) -> dict[str, Any]:
     """The 16-lane default's knobs: oc_bn the largest factor of K up to
-    ``AVX512_OC_BN``, vec 16 (the largest candidate dividing oc_bn), 4 tiles per register
+    ``AVX512_MAX_OC_BN``, vec 16 (the largest candidate dividing oc_bn), 4 tiles per register
     block as before (at most P: with oc_bn 64, 16 zmm accumulators of the 32 and 4 of
     weights), one work-item per group; F(4x4), or F(2x2) where ``small_tile`` says."""
-    oc_bn = max(f for f in range(1, min(op.co, AVX512_OC_BN) + 1) if op.co % f == 0)
+    oc_bn = max(f for f in range(1, min(op.co, AVX512_MAX_OC_BN) + 1) if op.co % f == 0)
     m = 2 if small_tile(op) else 4
     return {
         "tile_size": m,
