@@ -202,7 +202,7 @@ def model_main(device: Device, name: str, rounds: int, clock: Callable[[], float
         """``template``'s default config as this device's fastest record of its tasks."""
         t = get_template(template)
         return [Record(target=device.target, workload=task.workload,
-                       config=t.default_config(task.workload),
+                       config=t.default_config(task.workload, device.limits),
                        result=MeasureResult(costs=(1e-9,), error_no=MeasureErrorNo.NO_ERROR))
                 for task in tasks if task.template == template]
 

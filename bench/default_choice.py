@@ -202,7 +202,7 @@ def whole_model(device: Device, name: str, source: MemorySource, rounds: int) ->
     def defaults(pick: Callable[[list[Workload]], Workload]) -> MemorySource:
         """Per layer, the default config of the candidate ``pick`` names, forced."""
         return MemorySource(
-            forced(w, get_template(w.template).default_config(w), device.target)
+            forced(w, get_template(w.template).default_config(w, device.limits), device.target)
             for w in (pick(candidates(n, device.target)) for n in graph.ops()
                       if candidates(n, device.target)))
 

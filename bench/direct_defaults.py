@@ -46,13 +46,14 @@ VARIANTS: dict[str, dict[str, int]] = {
     "16-lane, reg_n<=14": {"lanes": 16, "reg_n": 14},
     "8-lane, reg_n<=8": {"reg_n": 8},
     "8-lane, oc_bn 64, reg_n<=4": {"oc_bn": 64, "reg_n": 4},
+    "16-lane, order_oc 1": {"lanes": 16, "order_oc": 1},
 }
 
 
 def variant(workload: Workload, overrides: dict[str, int]) -> Config:
     """The default config for ``lanes`` (8 unless given) with the other ``overrides``
     applied (``reg_n``: the largest factor of OW up to the value given; ``vec`` where it
-    divides oc_bn; ``oc_bn`` with ic_bn and vec capped by it)."""
+    divides oc_bn; ``oc_bn`` with ic_bn and vec capped by it; ``order_oc`` as given)."""
     template = get_template(CONV_CPU)
     limits = DeviceLimits(simd_lanes=overrides.get("lanes", 8))
     values = dict(template.space(workload).decode(template.default_config(workload, limits)))
@@ -64,6 +65,8 @@ def variant(workload: Workload, overrides: dict[str, int]) -> Config:
         values["tile_ic"] = (values["tile_ic"][0] * values["tile_ic"][1] // min(
             values["tile_ic"][1], oc_bn), min(values["tile_ic"][1], oc_bn))
         values["vec"] = min(values["vec"], oc_bn)
+    if "order_oc" in overrides:
+        values["order_oc"] = overrides["order_oc"]
     if "reg_n" in overrides:
         ow = template.parse(workload).ow
         reg_n = max(f for f in range(1, overrides["reg_n"] + 1) if ow % f == 0)

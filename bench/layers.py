@@ -241,7 +241,7 @@ def run_layer(layer: Layer, device: Device, source: RecordSource | None, options
     if source is not None:
         row.cpu_trials = sum(1 for c in source.candidates([layer.cpu], target)
                              if _this_device(c.record, target))
-    default = cpu_t.default_config(layer.cpu)
+    default = cpu_t.default_config(layer.cpu, limits)
 
     row.cpu_default = time_kernel(device, CONV_CPU, layer.cpu, default, options, args.seed)
     row.cpu_default.note = "default"
@@ -278,7 +278,7 @@ def run_layer(layer: Layer, device: Device, source: RecordSource | None, options
                               if _this_device(c.record, target))
             gemm_config, note = gemm_choice.config, f"tuned, {gemm_trials} trials"
         else:
-            gemm_config, note = gemm_t.default_config(layer.gemm), "default"
+            gemm_config, note = gemm_t.default_config(layer.gemm, limits), "default"
         row.gemm = time_kernel(device, CONV1X1_CPU, layer.gemm, gemm_config, options,
                                args.seed)
         row.gemm.note = note

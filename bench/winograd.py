@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 record, _ = tune(wl, target, "lgbm", args.trials, Path(tmp) / "bench.db")
                 best[template] = (wl, record.config)
             cpu = workload(CONV_CPU, spec)
-            best[CONV_CPU] = (cpu, get_template(CONV_CPU).default_config(cpu))
+            best[CONV_CPU] = (cpu, get_template(CONV_CPU).default_config(cpu, device.limits))
             costs: dict[str, list[float]] = {t: [] for t in best}
             for _ in range(args.rounds):
                 for template, (wl, config) in best.items():
@@ -190,8 +190,8 @@ def cpu_main(device: Device, specs: list[str], rounds: int, ort_threads: int) ->
             raise SystemExit(f"onnxruntime on {spec} disagrees with numpy: {why}")
         kernels = {
             "direct": (CONV_CPU, workload(CONV_CPU, spec),
-                       direct.default_config(workload(CONV_CPU, spec))),
-            "winograd default": (WINOGRAD_CPU, wl, winograd.default_config(wl)),
+                       direct.default_config(workload(CONV_CPU, spec), device.limits)),
+            "winograd default": (WINOGRAD_CPU, wl, winograd.default_config(wl, device.limits)),
             **{f"winograd #{i + 1}": (WINOGRAD_CPU, wl, c) for i, c in enumerate(finalists)},
         }
         costs: dict[str, list[float]] = {"onnxruntime": [], **{k: [] for k in kernels}}
@@ -366,7 +366,7 @@ def cpu_model_main(device: Device, name: str, rounds: int) -> int:
     winograd = get_template(WINOGRAD_CPU)
     # Winograd's default config as this device's fastest record: the build takes it
     records = [Record(target=device.target, workload=t.workload,
-                      config=winograd.default_config(t.workload),
+                      config=winograd.default_config(t.workload, device.limits),
                       result=MeasureResult(costs=(1e-9,), error_no=MeasureErrorNo.NO_ERROR))
                for t in extract_tasks(graph, device.target) if t.template == WINOGRAD_CPU]
     modules = {"default build": build(graph, device=device, optimized=True),
