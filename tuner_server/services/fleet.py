@@ -80,7 +80,7 @@ Fleet = list[tuple[list[str], DeviceLimits]]
 
 
 def registered_fleet(session: Session,
-                     skipped: Callable[[int, str, Exception], None] | None = None) -> Fleet:
+                     skipped: Callable[[int, str, Exception], None]) -> Fleet:
     """The queues and limits of the registered (not deregistered) workers, once per
     distinct (target, limits): a fleet of 1,000 alike workers is parsed once a pass, not
     1,000 times (that was most of a pass's CPU). A pair that does not parse is skipped
@@ -95,8 +95,7 @@ def registered_fleet(session: Session,
             fleet.append((queue_matches(Target.parse(target)),
                           DeviceLimits.model_validate(json.loads(limits))))
         except (ValueError, TypeError) as err:
-            if skipped is not None:
-                skipped(worker_id, target, err)
+            skipped(worker_id, target, err)
     return fleet
 
 
