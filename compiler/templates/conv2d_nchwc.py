@@ -147,11 +147,11 @@ def strided_loops(op: Conv2dOp, ic_bn: int, lanes: int = 0) -> dict[str, int]:
     than the loops before, side by side on a loaded machine (load 5-12,
     bench/direct_strided.py; a Zen 1 AVX2 VM).
     At 16 lanes a layer whose weights outweigh its input (C*K*kh*kw against N*C*H*W
-    floats) keeps the channel blocks
-    outermost (each weight block then stays in cache while every row passes over it):
-    on the AVX-512 Xeon ResNet-50's 256->256 on 28x28 (2.4 MB of weights, 0.8 MB of
-    input) and 512->512 on 14x14 (9.4 MB, 0.4 MB) ran 1.32-1.33x faster so, 128->128 on
-    56x56 (0.6 MB, 1.6 MB) the same (bench/direct_defaults.py's variants, quiet)."""
+    floats) keeps the channel blocks outermost (each weight block then stays in cache
+    while every row passes over it): on the AVX-512 Xeon ResNet-50's 256->256 on 28x28
+    (2.4 MB of weights, 0.8 MB of input) and 512->512 on 14x14 (9.4 MB, 0.4 MB) ran
+    1.32-1.33x faster so, 128->128 on 56x56 (0.6 MB, 1.6 MB) the same
+    (bench/direct_defaults.py's "16-lane, order_oc 1" variant is the rule before)."""
     if op.stride == (1, 1) or (op.kh, op.kw) == (1, 1):
         return {}
     unroll = max(u for u in (1, *STRIDED_UNROLL_CI) if ic_bn % u == 0)
