@@ -171,6 +171,33 @@ def test_a_task_ends_by_verifying_its_best_configs_and_the_default_interleaved(
     assert choice.source == THIS_DEVICE and choice.record == answer.record
 
 
+def test_the_verified_default_is_the_one_the_task_planned(
+        sessions: sessionmaker[Session]) -> None:
+    """The default a task verifies is the one it stored when it planned it (sized for
+    its devices' lanes), not the template's default worked out again at the end (which a
+    worker registering meanwhile could change)."""
+    state = SearchState()
+    worker = _worker(sessions)
+    with sessions.begin() as session:
+        job_id = _submit(session, verify_top=3)
+    _plan(sessions, state)
+    with sessions.begin() as session:
+        searched = [t.config_index for t in session.scalars(
+            select(TrialRow).order_by(TrialRow.id))]
+        task = session.scalars(select(TaskRow).where(TaskRow.job_id == job_id)).one()
+        assert task.default_index == searched[0] == DEFAULT
+        planned_default = searched[5]  # as if the fleet's lanes had picked another
+        task.default_index = planned_default
+    costs = dict(zip(searched, (5e-3, 1e-3, 2e-3, 3e-3, 4e-3, 6e-3)))
+    _measure(sessions, worker, {(0, i): c for i, c in costs.items()})
+    _plan(sessions, state)
+    with sessions() as session:
+        verifying = [(t.verify_round, t.config_index) for t in session.scalars(
+            select(TrialRow).where(TrialRow.verify_round > 0).order_by(TrialRow.id))]
+    assert verifying == [(r, i) for r in range(1, VERIFY_ROUNDS + 1)
+                         for i in [*searched[1:4], planned_default]]
+
+
 def test_verify_top_zero_ends_the_task_at_its_budget(sessions: sessionmaker[Session]) -> None:
     """verify_top=0: no verification; the task and job end as soon as the budget is in,
     and the cheapest search record wins as before."""
