@@ -1,5 +1,6 @@
 """What the benchmarks share: onnxruntime's Conv on a layer's shape, timed by the
-measurer's rule, and the header lines that say where the figures came from."""
+measurer's rule, a template's default configs offered to a build as records, and the
+header lines that say where the figures came from."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from compiler.templates import get_template
 from compiler.templates.ops import Conv2dOp
+from schemas import MeasureErrorNo, MeasureResult, Record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,9 +35,11 @@ def settle() -> None:
     time.sleep(SPIN_SETTLE_S)
 
 
-def onnxruntime_conv(op: Conv2dOp, weight: np.ndarray, threads: int) -> Callable[[np.ndarray], Any]:
+def onnxruntime_conv(op: Conv2dOp, weight: np.ndarray, threads: int,
+                     spin: bool = True) -> Callable[[np.ndarray], Any]:
     """onnxruntime's Conv of ``op`` (weight a constant, CPUExecutionProvider, ``threads``
-    intra-op threads) as a function of the data."""
+    intra-op threads) as a function of the data. ``spin`` False: its idle threads block
+    instead of spinning, so this process's CPU seconds count only its work."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
@@ -52,9 +57,22 @@ def onnxruntime_conv(op: Conv2dOp, weight: np.ndarray, threads: int) -> Callable
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(model.SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])
     return lambda data: sess.run(None, {"x": data})[0]
+
+
+def offered_defaults(tasks: Iterable[Any], device: Any, templates: Iterable[str]
+                     ) -> list[Record]:
+    """The default config (for ``device``'s lanes) of each task of ``templates`` as a
+    record of ``device`` measured fastest, so that a build reading them takes it."""
+    wanted = set(templates)
+    return [Record(target=device.target, workload=t.workload,
+                   config=get_template(t.template).default_config(t.workload, device.limits),
+                   result=MeasureResult(costs=(1e-9,), error_no=MeasureErrorNo.NO_ERROR))
+            for t in tasks if t.template in wanted]
 
 
 def host_seconds(call: Callable[[], Any], number: int, repeat: int,

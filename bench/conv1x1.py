@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from common import print_header
+from common import offered_defaults, onnxruntime_conv, print_header
 from layers import Layer, conv_layers, select
 
 from compiler.runtime import Device, open_device
@@ -94,31 +94,14 @@ def onnxruntime_prepared(workload: Workload) -> Callable[[], None]:
     """One run of onnxruntime's Conv on ``workload``'s arrays (plain NCHW, as its graph
     has them), its output checked against numpy. Its intra-op threads (this machine's
     cores) block rather than spin when idle, so its CPU seconds count its work."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
     template = get_template(workload.template)
     op = template.parse(workload)
     arrays = template.make_inputs(workload, Epilogue(), np.random.default_rng(0))
-    want = template.reference(workload, arrays)
-    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[op.kh, op.kw],
-                            pads=list(op.pad), strides=list(op.stride))
-    graph = helper.make_graph(
-        [node], "conv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(op.input_shapes[0]))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(op.output_shape))],
-        initializer=[numpy_helper.from_array(arrays[1], name="w")])
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count() or 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    feed = {"x": arrays[0]}
-    ok, why = max_abs_error_ok(session.run(None, feed)[0], want, CHECK)
+    conv = onnxruntime_conv(op, arrays[1], os.cpu_count() or 1, spin=False)
+    ok, why = max_abs_error_ok(conv(arrays[0]), template.reference(workload, arrays), CHECK)
     if not ok:
         raise SystemExit(f"onnxruntime {workload.args[:3]}: differs from numpy: {why}")
-    return lambda: session.run(None, feed)
+    return lambda: conv(arrays[0])
 
 
 def lanes_main(device: Device, models: list[str], rounds: int,
@@ -189,7 +172,6 @@ def model_main(device: Device, name: str, rounds: int, clock: Callable[[], float
     from compiler.passes import optimize
     from compiler.records import MemorySource
     from compiler.tasks import WINOGRAD_CPU, extract_tasks
-    from schemas import MeasureErrorNo, MeasureResult, Record
 
     model, x = light_model(name, seed=0)
     session = ort.InferenceSession(model.SerializeToString(),
@@ -197,16 +179,8 @@ def model_main(device: Device, name: str, rounds: int, clock: Callable[[], float
     want = session.run(None, {session.get_inputs()[0].name: x})[0]
     graph = optimize(load_graph(model))
     tasks = extract_tasks(graph, device.target)
-
-    def offered(template: str) -> list[Record]:
-        """``template``'s default config as this device's fastest record of its tasks."""
-        t = get_template(template)
-        return [Record(target=device.target, workload=task.workload,
-                       config=t.default_config(task.workload, device.limits),
-                       result=MeasureResult(costs=(1e-9,), error_no=MeasureErrorNo.NO_ERROR))
-                for task in tasks if task.template == template]
-
-    winograd, gemm = offered(WINOGRAD_CPU), offered(CONV1X1_CPU)
+    winograd = offered_defaults(tasks, device, [WINOGRAD_CPU])
+    gemm = offered_defaults(tasks, device, [CONV1X1_CPU])
     modules = {"Winograd build": build(graph, device=device, optimized=True,
                                        records=MemorySource(winograd)),
                "Winograd + 1x1 build": build(graph, device=device, optimized=True,

@@ -36,7 +36,7 @@ import sys
 from collections import defaultdict
 
 import numpy as np
-from common import host_seconds, onnxruntime_conv, print_header, settle
+from common import host_seconds, offered_defaults, onnxruntime_conv, print_header, settle
 from models import onnxruntime_timer
 from winograd import light_model
 
@@ -49,19 +49,10 @@ from compiler.runtime.measure import max_abs_error_ok
 from compiler.tasks import CONV1X1_CPU, DENSE_CPU, WINOGRAD_CPU, extract_tasks
 from compiler.templates import Epilogue, get_template
 from compiler.templates.ops import Conv2dOp
-from schemas import MeasureErrorNo, MeasureOptions, MeasureResult, Record, Workload
+from schemas import MeasureOptions, Workload
 
 CHECK = MeasureOptions(number=1, repeat=1, min_repeat_ms=0)
 BEST_TEMPLATES = (WINOGRAD_CPU, CONV1X1_CPU)
-
-
-def default_records(module_tasks: list, device: Device) -> list[Record]:
-    """Each Winograd/1x1 task's default config (for this device's lanes) as this device's
-    fastest record."""
-    return [Record(target=device.target, workload=t.workload,
-                   config=get_template(t.template).default_config(t.workload, device.limits),
-                   result=MeasureResult(costs=(1e-9,), error_no=MeasureErrorNo.NO_ERROR))
-            for t in module_tasks if t.template in BEST_TEMPLATES]
 
 
 def eight_lanes(device: Device) -> Device:
@@ -111,7 +102,7 @@ def model_main(device: Device, name: str, rounds: int, top: int) -> None:
     ort_run, ort_seconds = onnxruntime_timer(model, x)
     want = ort_run()
     graph = optimize(load_graph(model))
-    records = default_records(extract_tasks(graph, device.target), device)
+    records = offered_defaults(extract_tasks(graph, device.target), device, BEST_TEMPLATES)
     modules = {"8-lane default build": build(graph, device=eight_lanes(device), optimized=True),
                "default build": build(graph, device=device, optimized=True),
                "best-template build": build(graph, device=device, optimized=True,

@@ -54,7 +54,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import host_seconds, onnxruntime_conv, print_header, settle
+from common import (
+    host_seconds,
+    offered_defaults,
+    onnxruntime_conv,
+    print_header,
+    settle,
+)
 from tuning_real import tune
 
 from compiler.runtime import Device, open_device
@@ -357,18 +363,13 @@ def cpu_model_main(device: Device, name: str, rounds: int) -> int:
     from compiler.passes import optimize
     from compiler.records import MemorySource
     from compiler.tasks import extract_tasks
-    from schemas import MeasureErrorNo, MeasureResult, Record
 
     model, x = light_model(name, seed=0)
     ort_run, ort_seconds = onnxruntime_timer(model, x)
     want = ort_run()
     graph = optimize(load_graph(model))
-    winograd = get_template(WINOGRAD_CPU)
     # Winograd's default config as this device's fastest record: the build takes it
-    records = [Record(target=device.target, workload=t.workload,
-                      config=winograd.default_config(t.workload, device.limits),
-                      result=MeasureResult(costs=(1e-9,), error_no=MeasureErrorNo.NO_ERROR))
-               for t in extract_tasks(graph, device.target) if t.template == WINOGRAD_CPU]
+    records = offered_defaults(extract_tasks(graph, device.target), device, [WINOGRAD_CPU])
     modules = {"default build": build(graph, device=device, optimized=True),
                "Winograd build": build(graph, device=device, optimized=True,
                                        records=MemorySource(records))}
