@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -100,6 +101,16 @@ class Config(BaseModel):
                 raise ValueError(f"entity[{i}] must be a [name, kind, value] triple, "
                                  f"got {shown(repr(item), 40)}")
         return out
+
+    @cached_property
+    def _identity(self) -> tuple[Any, ...]:
+        return (self.index, self.code_hash,
+                tuple((item.name, item.kind, item.value) for item in self.entity))
+
+    def __hash__(self) -> int:
+        # the fields' own hash walks every knob model each time; a config is hashed on
+        # every look-up of the rule's verdict cache (``history._problem``)
+        return hash(self._identity)
 
     def knob(self, name: str) -> Any:
         for item in self.entity:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
@@ -115,7 +116,8 @@ class Target(BaseModel):
                 return val
         return default
 
-    @property
+    # model and keys are read for every stored record a lookup ranks: worked out once
+    @cached_property
     def model(self) -> str:
         return self.option("model", "unknown") or "unknown"
 
@@ -136,7 +138,7 @@ class Target(BaseModel):
             return "cpu"
         return "gpu"
 
-    @property
+    @cached_property
     def keys(self) -> tuple[str, ...]:
         explicit = self.option("keys")
         if explicit:

@@ -132,6 +132,11 @@ class Workload(BaseModel):
         frozen tuples as the lists they were."""
         return json.dumps([self.template, self.args], separators=(",", ":"))
 
+    def __hash__(self) -> int:
+        # the key is computed once and a str caches its hash; the fields' own hash walks
+        # every nested tuple of the args each time
+        return hash(self.key)
+
     def args_json(self) -> list[Any]:
         return [_thaw(v) for v in self.args]
 

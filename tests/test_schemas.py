@@ -509,3 +509,21 @@ def test_the_default_tuner_is_one_the_server_has() -> None:
 
     assert DEFAULT_TUNER in TUNERS
 
+
+
+def test_equal_workloads_and_configs_hash_alike_however_they_were_written() -> None:
+    """The rule's verdict cache and every per-workload dict key on these: equal values
+    built from lists or tuples, from JSON text or objects, are one key."""
+    args = [["TENSOR", [1, 64, 56, 56], "float32"], ["TENSOR", [64, 64, 3, 3], "float32"],
+            [1, 1], [1, 1, 1, 1], [1, 1], "float32"]
+    a = Workload(template="conv2d_nchw.cuda", args=args)
+    b = Workload(template="conv2d_nchw.cuda", args=json.dumps(args))
+    c = Workload(template="conv2d_nchw.cuda", args=[*args[:-1], "float16"])
+    assert a == b and hash(a) == hash(b) and len({a, b, c}) == 2
+
+    entity = [["tile_f", "sp", [-1, 2, 8, 1]], ["unroll_explicit", "ot", 1]]
+    x = Config(index=7, entity=entity)
+    y = Config.model_validate(json.loads(json.dumps({"index": 7, "entity": entity})))
+    z = Config(index=7, entity=[entity[0], ["unroll_explicit", "ot", 0]])
+    assert x == y and hash(x) == hash(y) and {x: 1}[y] == 1 and len({x, y, z}) == 2
+

@@ -121,3 +121,28 @@ def test_dense_large_batch_prunes_like_autotvm() -> None:
         assert [len(k) for k in fallback.knobs] == [
             len(SplitKnob("x", batch, 4)), len(SplitKnob("y", out_dim, 4)),
             len(SplitKnob("k", 4096, 3))]
+
+
+@pytest.mark.parametrize("extent", [1, 7, 12, 64, 224, 360, 512, 1000])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+def test_a_split_checks_and_counts_its_values_without_enumerating_them(extent: int,
+                                                                       parts: int) -> None:
+    """A records/best lookup checks one config of each of thousands of workloads: a
+    split knob counts its values and decodes a config arithmetically, enumerating
+    (and pruning) them only when asked for them, with the same answers."""
+    knob = SplitKnob("t", extent, parts)
+    assert knob.decode([-1, *([1] * (parts - 1))]) == (extent, *([1] * (parts - 1)))
+    count = len(knob)
+    assert "values" not in knob.__dict__  # neither decode nor len enumerated
+    assert count == len(knob.values) == len(set(knob.values))
+    assert all(knob.decode([-1, *v[1:]]) == v for v in knob.values)
+
+    inner_small = SplitKnob("t", extent, parts, keep=lambda v: max(v[1:], default=1) <= 4)
+    kept = set(inner_small.values)
+    assert len(inner_small) == len(kept) == sum(1 for v in knob.values if v in kept)
+    for value in knob.values:
+        if value in kept:
+            assert inner_small.decode([-1, *value[1:]]) == value
+        else:
+            with pytest.raises(ConfigError, match="pruned"):
+                inner_small.decode([-1, *value[1:]])

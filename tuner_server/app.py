@@ -94,7 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="AutoTVM-style tuning service: records, jobs, workers.",
                   docs_url=None, redoc_url=None,
                   telemetry={"tracing": False, "metrics": False, "logs": False})
-    app.add_middleware(Guard, import_paths=records.LARGE_BODY_PATHS)
+    app.add_middleware(Guard, large_paths=records.LARGE_BODY_PATHS)
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessions = sessions

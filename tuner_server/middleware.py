@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from contextlib import nullcontext
 
 import redis
 from fastapi.responses import JSONResponse
@@ -12,6 +13,7 @@ from sqlalchemy import exc as sa_exc
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schemas.text import one_line
+from tuner_server.gc_pause import gc_paused
 from tuner_server.queue import QueueUnavailable
 
 # Request bodies past these are refused (413) before they are read into memory.
@@ -62,15 +64,17 @@ class Guard:
     re-raises after its 500, and uvicorn then drops the connection, so a client's next
     request on it fails too."""
 
-    def __init__(self, app: ASGIApp, import_paths: Collection[str] = ()) -> None:
+    def __init__(self, app: ASGIApp, large_paths: Collection[str] = ()) -> None:
         self.app = app
-        self.import_paths = frozenset(import_paths)  # bodies up to MAX_IMPORT_BYTES
+        # bodies up to MAX_IMPORT_BYTES, parsed and answered with collection paused
+        self.large_paths = frozenset(large_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = MAX_IMPORT_BYTES if scope["path"] in self.import_paths else MAX_BODY_BYTES
+        large = scope["path"] in self.large_paths
+        limit = MAX_IMPORT_BYTES if large else MAX_BODY_BYTES
         try:
             body = await self._read_body(scope, receive, limit)
         except _ClientGone:
@@ -96,7 +100,8 @@ class Guard:
             await send(message)
 
         try:
-            await self.app(scope, replay, watch)
+            with gc_paused() if large else nullcontext():
+                await self.app(scope, replay, watch)
         except Exception as err:  # every error gets an answer
             status, detail = error_answer(err)
             where = f"{scope.get('method')} {scope.get('path')}"

@@ -53,19 +53,19 @@ class Conv2dNCHW(Template):
         # tile_ry and name the kernel-height split tile_rx: their index agrees only with
         # that reading, square kernels included. Read a config as its entity order says
         # first; with kh != kw only one reading multiplies out, so fall back to the other.
-        swapped = _swap_ry_rx(config)
-        if swapped is None:
+        names = [e.name for e in config.entity]
+        if "tile_ry" not in names or "tile_rx" not in names:
             return space.decode(config)
-        if _rx_listed_first(config):
+        if names.index("tile_rx") < names.index("tile_ry"):
             try:
-                return space.decode(swapped)
+                return space.decode(_swap_ry_rx(config))
             except ConfigError:
                 pass
         try:
             return space.decode(config)
         except ConfigError as err:  # the message names knobs as the config wrote them
             try:
-                return space.decode(swapped)
+                return space.decode(_swap_ry_rx(config))
             except ConfigError:
                 raise err from None
 
@@ -345,15 +345,9 @@ class _Tiles(SpatialTiles):
                           ("rxo", self.rxo, AUTO)], fetch + compute, Unroll())
 
 
-def _rx_listed_first(config: Config) -> bool:
-    names = [e.name for e in config.entity]
-    return names.index("tile_rx") < names.index("tile_ry")
-
-
-def _swap_ry_rx(config: Config) -> Config | None:
-    names = {e.name for e in config.entity}
-    if not {"tile_ry", "tile_rx"} <= names:
-        return None
+def _swap_ry_rx(config: Config) -> Config:
+    """``config`` with its tile_ry and tile_rx knobs' names swapped: made only when a
+    config is read the other way (copying its knobs cost more than decoding it)."""
     rename = {"tile_ry": "tile_rx", "tile_rx": "tile_ry"}
     entity = [e.model_copy(update={"name": rename.get(e.name, e.name)}) for e in config.entity]
     return config.model_copy(update={"entity": tuple(entity)})

@@ -13,7 +13,7 @@ import math
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import cached_property, reduce
 from typing import Any
 
 import numpy as np
@@ -74,6 +74,14 @@ class SplitKnob:
             raise ConfigError(f"{self.name}: extent {self.extent} splits {count} ways into "
                               f"{self.num_outputs} factors, more than {MAX_SPLIT_VALUES} "
                               f"(too many divisors to tune)")
+        if self.keep is None:
+            self.__dict__["_count"] = count  # what ``_count`` would work out again
+
+    # The values are enumerated when first asked for: checking a config (``decode``)
+    # and counting them (``__len__``, unpruned) need no enumeration, and a lookup of
+    # 10,000 workloads' best records checks one config of each.
+    @cached_property
+    def values(self) -> tuple[tuple[int, ...], ...]:
         factors = divisors(self.extent)
         found: list[tuple[int, ...]] = []
         stack: list[int] = [1] * (self.num_outputs - 1)
@@ -92,14 +100,19 @@ class SplitKnob:
         dfs(0, 1)
         if self.keep is not None:
             found = [e for e in found if self.keep(e)]
-        object.__setattr__(self, "values", tuple(found))
-        object.__setattr__(self, "_where", {e: i for i, e in enumerate(found)})
+        return tuple(found)
 
-    values: tuple[tuple[int, ...], ...] = field(init=False, compare=False)
-    _where: dict[tuple[int, ...], int] = field(init=False, compare=False, repr=False)
+    @cached_property
+    def _where(self) -> dict[tuple[int, ...], int]:
+        return {e: i for i, e in enumerate(self.values)}
+
+    @cached_property
+    def _count(self) -> int:
+        return split_count(self.extent, self.num_outputs) if self.keep is None \
+            else len(self.values)
 
     def __len__(self) -> int:
-        return len(self.values)
+        return self._count
 
     def encode(self, value: tuple[int, ...]) -> Any:
         # Modern AutoTVM writes -1 for the outermost factor: it is implied by the rest.
@@ -122,7 +135,8 @@ class SplitKnob:
                 f"{value[0] * _prod(inner)}, not the extent {self.extent}"
             )
         full = (outer, *inner)
-        if full not in self._where:
+        # every exact split is a value unless ``keep`` prunes it
+        if self.keep is not None and not self.keep(full):
             raise ConfigError(f"{self.name}: {list(full)} is pruned from this space")
         return full
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
@@ -27,6 +25,7 @@ from sqlalchemy import (
     select,
     union_all,
 )
+from sqlalchemy import text as sql_text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -53,6 +52,7 @@ from schemas.api import (
 from schemas.measure import FAILED_COST, check_info, check_measurement
 from schemas.text import one_line
 from tuner_server.db.models import RecordRow, record_hash
+from tuner_server.gc_pause import gc_paused
 from tuner_server.services.foreign_flops import foreign_flops
 
 log = logging.getLogger("tuner.records")
@@ -81,18 +81,6 @@ def _among(session: Session, column: Any, values: Sequence[int] | Sequence[str]
         yield column.in_(values[start:start + BATCH])
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a large lookup makes its objects (a 10,000
-    workload lookup makes a million: CPython collects all generations again and again
-    as they grow, 5x the time); what they leave is collected after."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 # An AutoTVM line is a few hundred characters; a 3 MB "config" is junk, refused unread.
 MAX_LINE_CHARS = 64 * 1024
 MAX_REASON_CHARS = 400  # characters of each refused line's reason
@@ -385,12 +373,14 @@ def _stored(rows: Iterable[Any]) -> dict[str, list[Stored[int]]]:
     """Workload key -> its rows as the rule ranks them (``item``: the row id), in
     storage order; rows whose target no longer parses are left out."""
     out: dict[str, list[Stored[int]]] = {}
-    for row in rows:
-        target = _target_of(row.target)
+    for row_id, key, text, cost, error_no, source, verified in rows:
+        target = _target_of(text)
         if target is not None:
-            out.setdefault(row.workload_key, []).append(Stored(
-                row.id, target, row.mean_cost, row.error_no, row.source == "measured",
-                row.verified_config))
+            entries = out.get(key)
+            if entries is None:
+                entries = out[key] = []
+            entries.append(Stored(row_id, target, cost, error_no, source == "measured",
+                                  verified))
     return out
 
 
@@ -418,10 +408,11 @@ def _config_of(text: str) -> Config:
     return Config.model_validate(json.loads(text))
 
 
-# Whether a stored line reads as a record, by a digest of its text: a line's verdict
-# depends on its text alone, so a process checks each winner once, not per request.
-_READABLE: dict[bytes, bool] = {}
-MAX_READABLE = 200_000  # digests remembered (~20 MB at most); then forgotten at once
+# A stored line's config when the line reads as a record (else None), by a digest of
+# its text: that depends on the text alone, so a process parses each winner once, not
+# per request.
+_CONFIGS: dict[bytes, Config | None] = {}
+MAX_CONFIGS = 200_000  # digests remembered (~20 MB at most, configs shared); then forgotten
 
 
 def _digest(text: str) -> bytes:
@@ -463,13 +454,15 @@ class _Lines:
         if text is None:
             return None
         digest = _digest(text)
-        readable = _READABLE.get(digest)
-        if readable is None:
-            readable = self.record(row_id) is not None
-            if len(_READABLE) >= MAX_READABLE:
-                _READABLE.clear()
-            _READABLE[digest] = readable
-        return self.config(row_id) if readable else None
+        try:
+            return _CONFIGS[digest]
+        except KeyError:
+            record = self.record(row_id)
+            config = None if record is None else record.config
+            if len(_CONFIGS) >= MAX_CONFIGS:
+                _CONFIGS.clear()
+            _CONFIGS[digest] = config
+            return config
 
     def reader(self, ids: Sequence[int]) -> Callable[[int], Config | None]:
         """``config_of`` for ``history.pick`` over candidates ``ids`` (in rank order), a
@@ -536,7 +529,16 @@ def _pick_all(workloads: dict[str, Workload], ranked: dict[str, list[Ranked[int]
 FEW_WORKLOADS = 16
 
 
-@_gc_paused()
+def _serial_plans(session: Session) -> None:
+    """No parallel workers for the rest of this transaction (PostgreSQL): a batch's tier
+    is one scan of the records a Gather would split, and its workers took 100-170 ms
+    to start and hand back 15,000 rows where the scan alone took ~100 ms (10,000
+    workloads, 100,000 records, 2 cores)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(sql_text("SET LOCAL max_parallel_workers_per_gather = 0"))
+
+
+@gc_paused()
 def best(session: Session, workloads: Sequence[Workload], target: Target,
          limits: DeviceLimits | None = None) -> list[BestAnswer]:
     """The one ApplyHistoryBest rule (``compiler.templates.history``) over the stored
@@ -573,17 +575,19 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
             winners = _pick_all(asked, {key: rank(entries, target) for key, entries in
                                         _candidates(session, list(asked), or_(*tiers)).items()},
                                 lines, limits)
-    elif here is not None:
-        winners = _pick_all(asked, {key: rank(entries, target) for key, entries
-                                    in _candidates(session, list(asked), here).items()},
-                            lines, limits)
-    rest = [key for key in asked if key not in winners]
-    if rest and by_key is not None and len(asked) > FEW_WORKLOADS:
-        others = _candidates(session, rest, by_key if here is None
-                             else and_(by_key, not_(here)))
-        ranked = {key: [r for r in rank(entries, target) if r.source != THIS_DEVICE]
-                  for key, entries in others.items()}
-        winners.update(_pick_all(asked, ranked, lines, limits))
+    else:
+        _serial_plans(session)
+        if here is not None:
+            winners = _pick_all(asked, {key: rank(entries, target) for key, entries
+                                        in _candidates(session, list(asked), here).items()},
+                                lines, limits)
+        rest = [key for key in asked if key not in winners]
+        if rest and by_key is not None:
+            others = _candidates(session, rest, by_key if here is None
+                                 else and_(by_key, not_(here)))
+            ranked = {key: [r for r in rank(entries, target) if r.source != THIS_DEVICE]
+                      for key, entries in others.items()}
+            winners.update(_pick_all(asked, ranked, lines, limits))
     answers = []
     for workload, key in zip(workloads, keys):
         won = winners.get(key)
@@ -720,7 +724,7 @@ MAX_LOGS = 32
 _LOGS_LOCK = threading.Lock()
 
 
-@_gc_paused()
+@gc_paused()
 def pretuned_log(session: Session, target: Target) -> tuple[list[str], str]:
     """Best record per (device model, workload) among ``target``'s records, as AutoTVM
     lines, plus an ETag that changes whenever the answer does.
