@@ -28,7 +28,12 @@ from schemas.text import describe, one_line
 from tuner_server.api import dashboard as dashboard_api
 from tuner_server.api import jobs, records, workers
 from tuner_server.db.models import RecordRow
-from tuner_server.db.session import check_schema, make_engine, session_factory
+from tuner_server.db.session import (
+    check_schema,
+    make_engine,
+    reader_engine,
+    session_factory,
+)
 from tuner_server.middleware import MAX_DETAIL_CHARS, Guard, outage_reason
 from tuner_server.queue import QueueUnavailable, make_queue
 from tuner_server.services.dispatch import workers_alive
@@ -61,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = make_engine(settings.database_url)
     check_schema(engine, settings.database_url)
     sessions = session_factory(engine)
+    reader = reader_engine(engine)
     if settings.worker_token:
         with sessions.begin() as session:
             ensure_token(session, settings.worker_token, "worker", "bootstrap")
@@ -69,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         queue.ping()  # a server without its queue would accept jobs it cannot hand out
     except QueueUnavailable as err:
         engine.dispose()
+        reader.dispose()
         raise QueueUnavailable(f"the queue at {_redacted(settings.queue_url)} does not "
                                f"answer ({err}); start it, or use --queue-url sql") from None
     metrics = Metrics()
@@ -86,6 +93,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.run_scheduler:
             scheduler.stop()
         engine.dispose()
+        reader.dispose()
 
     # FastAPI's native OpenTelemetry is off: the service reports through /metrics, and
     # the check whether a provider is configured read the environment on every request
@@ -98,6 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessions = sessions
+    app.state.readers = session_factory(reader)  # deps.get_reader
     app.state.tokens = TokenCache(sessions)
     app.state.queue = queue
     app.state.metrics = metrics

