@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from functools import lru_cache
 from typing import Any
 
 from pydantic import (
@@ -17,7 +16,7 @@ from pydantic import (
 
 from schemas.config import Config
 from schemas.measure import MeasureErrorNo, MeasureInput, MeasureResult
-from schemas.target import MAX_TARGET_CHARS, Target
+from schemas.target import MAX_TARGET_CHARS, Target, parsed_target
 from schemas.text import SURROGATES, check_strings, describe, one_line, shown
 from schemas.workload import Workload
 
@@ -25,20 +24,11 @@ LOG_VERSION = 0.2
 TVM_VERSION = "0.7.dev0"  # what AutoTVM readers expect to see beside version 0.2
 
 
-@lru_cache(maxsize=1024)
-def _parsed_target(text: str) -> Target | None:
-    try:
-        return Target.parse(text)
-    except ValidationError:
-        return None
-
-
 def _known_target(value: Any) -> Target | None:
-    """The Target a line's target text parses to, remembered: a log's lines name a few
-    targets, and parsing one is a fifth of reading a line. None for anything else, which
-    the record's validation then refuses with its own message."""
+    """The Target a line's target text parses to (``parsed_target``); None for anything
+    else, which the record's validation then refuses with its own message."""
     if type(value) is str and len(value) <= MAX_TARGET_CHARS:
-        return _parsed_target(value)
+        return parsed_target(value)
     return None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
@@ -150,3 +150,14 @@ class Target(BaseModel):
         for name, val in self.options:
             parts.append(f"-{name}={val}" if val != "" else f"-{name}")
         return " ".join(parts)
+
+
+@lru_cache(maxsize=1024)
+def parsed_target(text: str) -> Target | None:
+    """The target ``text`` names, or None where it does not parse; remembered per process:
+    stored rows and log lines name a few targets, each parsed once (a fifth of reading a
+    record line)."""
+    try:
+        return Target.parse(text)
+    except ValueError:
+        return None

@@ -50,6 +50,7 @@ from schemas.api import (
     RecordSummary,
 )
 from schemas.measure import FAILED_COST, check_info, check_measurement
+from schemas.target import parsed_target
 from schemas.text import one_line
 from tuner_server.db.models import RecordRow, record_hash
 from tuner_server.gc_pause import gc_paused
@@ -360,21 +361,12 @@ def stored_of(session: Session, workloads: Sequence[Workload]
     return [(record, measured, verified) for _id, record, measured, verified in found]
 
 
-@lru_cache(maxsize=1024)
-def _target_of(text: str) -> Target | None:
-    """A stored row's target, or None for one that no longer parses (skipped)."""
-    try:
-        return Target.parse(text)
-    except ValueError:
-        return None
-
-
 def _stored(rows: Iterable[Any]) -> dict[str, list[Stored[int]]]:
     """Workload key -> its rows as the rule ranks them (``item``: the row id), in
     storage order; rows whose target no longer parses are left out."""
     out: dict[str, list[Stored[int]]] = {}
     for row_id, key, text, cost, error_no, source, verified in rows:
-        target = _target_of(text)
+        target = parsed_target(text)
         if target is not None:
             entries = out.get(key)
             if entries is None:
@@ -654,7 +646,7 @@ def _log_winners(session: Session, rows: Iterable[Any]) -> dict[Group, str | Non
     storage order) name, or None where no config may be used."""
     groups: dict[Group, list[Stored[int]]] = {}
     for row_id, key, text, cost, error_no, source, verified, model in rows:
-        row_target = _target_of(text)
+        row_target = parsed_target(text)
         if row_target is not None:
             groups.setdefault((key, model), []).append(
                 Stored(row_id, row_target, cost, error_no, source == "measured", verified))
