@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from schemas.frozen import Frozen
 from schemas.text import check_text, shown
 
 KNOB_KINDS = ("sp", "ot", "re", "an")
@@ -75,10 +76,8 @@ class KnobEntity(BaseModel):
         return [self.name, self.kind, value]
 
 
-class Config(BaseModel):
+class Config(Frozen):
     """AutoTVM's ConfigEntity as it appears in a log line's ``config`` object."""
-
-    model_config = ConfigDict(frozen=True)
 
     index: int = Field(ge=0, le=MAX_INDEX)
     code_hash: str | None = Field(None, max_length=MAX_NAME_CHARS)

@@ -7,8 +7,9 @@ import shlex
 from functools import cached_property, lru_cache
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import Field, model_serializer, model_validator
 
+from schemas.frozen import Frozen
 from schemas.text import check_text, shown
 
 # A target is stored in VARCHAR(255) columns (jobs, workers, records) and its kind and
@@ -33,10 +34,8 @@ _KIND_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-class Target(BaseModel):
+class Target(Frozen):
     """A device kind plus its options, printed back in the order it was written."""
-
-    model_config = ConfigDict(frozen=True)
 
     kind: str = Field(min_length=1, pattern=r"^[a-z][a-z0-9_]*$")
     options: tuple[tuple[str, str], ...] = ()

@@ -7,8 +7,9 @@ import math
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from schemas.frozen import Frozen
 from schemas.text import ONE_LINE, check_text
 
 # Bounds no operator's arguments come near (a conv2d's are 6 items, 20 numbers, depth 3):
@@ -96,10 +97,8 @@ def is_tensor_arg(value: Any) -> bool:
     )
 
 
-class Workload(BaseModel):
+class Workload(Frozen):
     """One operator instance; ``key`` is what records are matched on."""
-
-    model_config = ConfigDict(frozen=True)
 
     template: str = Field(min_length=1, max_length=MAX_TEMPLATE_CHARS)
     args: tuple[Any, ...]
@@ -131,6 +130,13 @@ class Workload(BaseModel):
         a lookup of many workloads asks it of each several times. JSON writes the
         frozen tuples as the lists they were."""
         return json.dumps([self.template, self.args], separators=(",", ":"))
+
+    def __eq__(self, other: object) -> bool:
+        # equal exactly when records match them alike: args 1, 1.0 and true are three
+        # workloads to the records table, as they are three hashes
+        if not isinstance(other, Workload):
+            return NotImplemented
+        return self.key == other.key
 
     def __hash__(self) -> int:
         # the key is computed once and a str caches its hash; the fields' own hash walks

@@ -510,7 +510,6 @@ def test_the_default_tuner_is_one_the_server_has() -> None:
     assert DEFAULT_TUNER in TUNERS
 
 
-
 def test_equal_workloads_and_configs_hash_alike_however_they_were_written() -> None:
     """The rule's verdict cache and every per-workload dict key on these: equal values
     built from lists or tuples, from JSON text or objects, are one key."""
@@ -527,3 +526,23 @@ def test_equal_workloads_and_configs_hash_alike_however_they_were_written() -> N
     z = Config(index=7, entity=[entity[0], ["unroll_explicit", "ot", 0]])
     assert x == y and hash(x) == hash(y) and {x: 1}[y] == 1 and len({x, y, z}) == 2
 
+
+def test_a_copy_with_changed_fields_works_out_its_own_key_model_and_hash() -> None:
+    """What a frozen model remembers (a workload's key, a target's model and keys, a
+    config's hash) follows a copy's new fields, not the original's."""
+    target = Target.parse("cuda -model=a100")
+    assert (target.model, target.keys) == ("a100", ("cuda", "gpu"))
+    moved = target.model_copy(update={"options": (("model", "h100"), ("keys", "x,y"))})
+    assert (moved.model, moved.keys) == ("h100", ("x", "y"))
+
+    wl = Workload(template="dense_small_batch.gpu", args=[["TENSOR", [1, 8], "float32"]])
+    assert wl.key.endswith('[1,8],"float32"]]]')
+    wider = wl.model_copy(update={"args": (("TENSOR", (1, 16), "float32"),)})
+    assert wider.key.endswith('[1,16],"float32"]]]') and wider != wl
+
+    config = Config(index=0, entity=[["tile_x", "sp", [-1, 4]]])
+    hash(config)
+    other = config.model_copy(update={"index": 1})
+    fresh = Config(index=1, entity=[["tile_x", "sp", [-1, 4]]])
+    assert other == fresh and hash(other) == hash(fresh) and fresh in {other}
+    assert Workload(template="t", args=[1]) != Workload(template="t", args=[1.0])

@@ -56,16 +56,18 @@ class Conv2dNCHW(Template):
         names = [e.name for e in config.entity]
         if "tile_ry" not in names or "tile_rx" not in names:
             return space.decode(config)
+        swapped = None
         if names.index("tile_rx") < names.index("tile_ry"):
+            swapped = _swap_ry_rx(config)
             try:
-                return space.decode(_swap_ry_rx(config))
+                return space.decode(swapped)
             except ConfigError:
                 pass
         try:
             return space.decode(config)
         except ConfigError as err:  # the message names knobs as the config wrote them
             try:
-                return space.decode(_swap_ry_rx(config))
+                return space.decode(swapped or _swap_ry_rx(config))
             except ConfigError:
                 raise err from None
 

@@ -25,7 +25,6 @@ from sqlalchemy import (
     select,
     union_all,
 )
-from sqlalchemy import text as sql_text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -402,9 +401,11 @@ def _config_of(text: str) -> Config:
 
 # A stored line's config when the line reads as a record (else None), by a digest of
 # its text: that depends on the text alone, so a process parses each winner once, not
-# per request.
+# per request. Each distinct config is kept once (``_SHARED``: ~6 KB a conv2d config,
+# ~150 bytes a line besides); both are forgotten at once past MAX_CONFIGS lines.
 _CONFIGS: dict[bytes, Config | None] = {}
-MAX_CONFIGS = 200_000  # digests remembered (~20 MB at most, configs shared); then forgotten
+_SHARED: dict[Config, Config] = {}
+MAX_CONFIGS = 100_000
 
 
 def _digest(text: str) -> bytes:
@@ -450,9 +451,11 @@ class _Lines:
             return _CONFIGS[digest]
         except KeyError:
             record = self.record(row_id)
-            config = None if record is None else record.config
             if len(_CONFIGS) >= MAX_CONFIGS:
                 _CONFIGS.clear()
+                _SHARED.clear()
+            config = None if record is None else _SHARED.setdefault(record.config,
+                                                                     record.config)
             _CONFIGS[digest] = config
             return config
 
@@ -526,15 +529,6 @@ def _pick_all(workloads: dict[str, Workload], ranked: dict[str, list[Ranked[int]
 FEW_WORKLOADS = 16
 
 
-def _serial_plans(session: Session) -> None:
-    """No parallel workers for the rest of this transaction (PostgreSQL): a batch's tier
-    is one scan of the records a Gather would split, and its workers took 100-170 ms
-    to start and hand back 15,000 rows where the scan alone took ~100 ms (10,000
-    workloads, 100,000 records, 2 cores)."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(sql_text("SET LOCAL max_parallel_workers_per_gather = 0"))
-
-
 @gc_paused()
 def best(session: Session, workloads: Sequence[Workload], target: Target,
          limits: DeviceLimits | None = None) -> list[BestAnswer]:
@@ -574,7 +568,6 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
             winners = _pick_all(asked, {key: rank(entries, target)
                                         for key, entries in found.items()}, lines, limits)
     else:
-        _serial_plans(session)
         if here is not None:
             winners = _pick_all(asked, {key: rank(entries, target) for key, entries
                                         in _candidates(session, list(asked), here).items()},
