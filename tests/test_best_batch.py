@@ -85,10 +85,15 @@ def answers(found: list[svc.BestAnswer]) -> list[tuple[str, Any]]:
     return [(a.rule, a.line) for a in found]
 
 
-def test_batch_answers_as_one_at_a_time(sessions: sessionmaker[Session]) -> None:
+@pytest.mark.parametrize("leading", [1, svc.LEADING])
+def test_batch_answers_as_one_at_a_time(sessions: sessionmaker[Session], leading: int,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Every rule path, asked for 120 workloads at once (a few twice) and one workload
     per call: the same winners, the same rules, the same lines; the lines read back as
-    the records they are."""
+    the records they are. A batch reads other devices' first ``leading`` candidates
+    of a workload, all of them when none passes: at 1, a quarter of the cheapest
+    configs are another workload's, so that read happens too."""
+    monkeypatch.setattr(svc, "LEADING", leading)
     asked = workloads(120)
     with sessions.begin() as session:
         fill(session, asked)

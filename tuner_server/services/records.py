@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -492,6 +493,51 @@ def _candidates(session: Session, keys: Sequence[str], tier: Any,
     return out
 
 
+# Other devices' candidates a batch reads per workload: the rule's first usually wins; a
+# workload none of whose leaders passes the check, and that has more, is read in full.
+LEADING = 2
+_STORED_NAMES = ("id", "workload_key", "target", "mean_cost", "error_no", "source",
+                 "verified_config")
+
+
+def _leading(session: Session, keys: Sequence[str], tier: Any, target: Target
+             ) -> tuple[dict[str, list[Stored[int]]], set[str]]:
+    """The first LEADING usable candidates of each workload of ``keys`` in ``tier`` (other
+    devices), in the order ``history.rank`` gives them (under the first of
+    ``target.keys`` a record shares, cheapest first, then the first stored), picked in
+    SQL so that a batch reads a few rows a workload instead of every other device's
+    (75,000 rows for 10,000 workloads at 100,000 records); and the workloads that may
+    have more (one more is read to tell: it is a candidate too)."""
+    place = case(*[(RecordRow.target_keys.contains(f",{k},", autoescape=True), i)
+                   for i, k in enumerate(target.keys)], else_=len(target.keys))
+    out: dict[str, list[Stored[int]]] = {}
+    more: set[str] = set()
+    for among in _among(session, RecordRow.workload_key, keys):
+        ranked = select(
+            *_STORED,
+            func.row_number().over(partition_by=RecordRow.workload_key,
+                                   order_by=(place, RecordRow.mean_cost, RecordRow.id)
+                                   ).label("at"),
+        ).where(among, tier, RecordRow.error_no == 0, RecordRow.mean_cost > 0,
+                RecordRow.mean_cost < FAILED_COST).subquery()
+        rows = session.execute(
+            select(*[ranked.c[name] for name in _STORED_NAMES])
+            .where(ranked.c.at <= LEADING + 1).order_by(ranked.c.id)).all()
+        counts = Counter(row[1] for row in rows)  # before unreadable targets are dropped
+        more.update(key for key, n in counts.items() if n > LEADING)
+        for key, entries in _stored(rows).items():
+            out.setdefault(key, []).extend(entries)
+    return out, more
+
+
+def _elsewhere(found: dict[str, list[Stored[int]]], target: Target
+               ) -> dict[str, list[Ranked[int]]]:
+    """Other devices' candidates by workload, in rank order (``history.rank``'s key
+    tiers)."""
+    return {key: [r for r in rank(entries, target) if r.source != THIS_DEVICE]
+            for key, entries in found.items()}
+
+
 # Candidates whose lines a round of ``_pick_all`` reads per workload still open: the
 # favourite first (it wins unless its config left the space), then 8 times more a round.
 FIRST_ROUND, GROWTH = 1, 8
@@ -574,11 +620,13 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
                                 lines, limits)
         rest = [key for key in asked if key not in winners]
         if rest and by_key is not None:
-            others = _candidates(session, rest, by_key if here is None
-                                 else and_(by_key, not_(here)))
-            ranked = {key: [r for r in rank(entries, target) if r.source != THIS_DEVICE]
-                      for key, entries in others.items()}
-            winners.update(_pick_all(asked, ranked, lines, limits))
+            elsewhere = by_key if here is None else and_(by_key, not_(here))
+            leaders, more = _leading(session, rest, elsewhere, target)
+            winners.update(_pick_all(asked, _elsewhere(leaders, target), lines, limits))
+            rest = [key for key in more if key not in winners]
+            if rest:  # every leader failed the check: all their candidates
+                winners.update(_pick_all(asked, _elsewhere(
+                    _candidates(session, rest, elsewhere), target), lines, limits))
     answers = []
     for workload, key in zip(workloads, keys):
         won = winners.get(key)
