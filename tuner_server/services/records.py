@@ -496,8 +496,6 @@ def _candidates(session: Session, keys: Sequence[str], tier: Any,
 # Other devices' candidates a batch reads per workload: the rule's first usually wins; a
 # workload none of whose leaders passes the check, and that has more, is read in full.
 LEADING = 2
-_STORED_NAMES = ("id", "workload_key", "target", "mean_cost", "error_no", "source",
-                 "verified_config")
 
 
 def _leading(session: Session, keys: Sequence[str], tier: Any, target: Target
@@ -521,7 +519,7 @@ def _leading(session: Session, keys: Sequence[str], tier: Any, target: Target
         ).where(among, tier, RecordRow.error_no == 0, RecordRow.mean_cost > 0,
                 RecordRow.mean_cost < FAILED_COST).subquery()
         rows = session.execute(
-            select(*[ranked.c[name] for name in _STORED_NAMES])
+            select(*[ranked.c[column.key] for column in _STORED])
             .where(ranked.c.at <= LEADING + 1).order_by(ranked.c.id)).all()
         counts = Counter(row[1] for row in rows)  # before unreadable targets are dropped
         more.update(key for key, n in counts.items() if n > LEADING)
