@@ -402,10 +402,9 @@ def _config_of(text: str) -> Config:
 
 # A stored line's config when the line reads as a record (else None), by a digest of
 # its text: that depends on the text alone, so a process parses each winner once, not
-# per request. Each distinct config is kept once (``_SHARED``: ~6 KB a conv2d config,
-# ~150 bytes a line besides); both are forgotten at once past MAX_CONFIGS lines.
+# per request. The configs are ``_config_of``'s, each distinct one kept once (~6 KB a
+# conv2d config, ~150 bytes a line besides); forgotten at once past MAX_CONFIGS lines.
 _CONFIGS: dict[bytes, Config | None] = {}
-_SHARED: dict[Config, Config] = {}
 MAX_CONFIGS = 100_000
 
 
@@ -451,12 +450,9 @@ class _Lines:
         try:
             return _CONFIGS[digest]
         except KeyError:
-            record = self.record(row_id)
+            config = self.config(row_id) if self.record(row_id) is not None else None
             if len(_CONFIGS) >= MAX_CONFIGS:
                 _CONFIGS.clear()
-                _SHARED.clear()
-            config = None if record is None else _SHARED.setdefault(record.config,
-                                                                     record.config)
             _CONFIGS[digest] = config
             return config
 
