@@ -77,7 +77,7 @@ from compiler.templates.base import (
     simd_lanes,
     split_features,
 )
-from compiler.templates.emit import indent, signature
+from compiler.templates.emit import indent, private_tile, signature
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigError, ConfigSpace, OtherKnob, SplitKnob
 from schemas import Config, DeviceLimits, KnobEntity, Workload
@@ -664,35 +664,34 @@ class _Source:
                 f" * {block} + ({k}) % {block}")
 
     def store(self) -> list[str]:
+        """Any output layout but NCHW[oc_bn]c: the accumulators go through a private tile
+        (``private_tile``: the lanes of pixel (i, j) at ``((i * reg_n) + j) * oc_bn``, as
+        vec divides oc_bn) and a loop over the block's channels stores them lane by lane,
+        through the epilogue."""
         if self.io.out_block == self.p.oc_bn:
             return self.store_vectors()
         op, p, io = self.op, self.p, self.io
         ob, rb = io.out_block, io.residual_block
-        out = []
-        for v in range(p.nvec):
-            for e in range(p.vec):
-                lines = [f"const int k = kb * {p.oc_bn} + {v * p.vec + e};"]
-                if not ob:  # plain NCHW: rows OW apart, columns adjacent
-                    lines.append(
-                        f"const int o0 = ((n * {op.co} + k) * {op.oh} + oh0) * {op.ow} + ow0;")
-                else:
-                    lines.append(f"const int o0 = {self.element(ob, 'k', 0, 0)};")
-                if rb != ob:
-                    lines.append(f"const int r0 = {self.element(rb, 'k', 0, 0)};")
-                for i in range(p.oh_f):
-                    stores = []
-                    for j in range(p.reg_n):
-                        o = f"o0 + {(i * op.ow + j) * (ob or 1)}"
-                        r = o if rb == ob else f"r0 + {(i * op.ow + j) * (rb or 1)}"
-                        value = self.epilogue.c_expr(self.velem(f"acc_{i}_{j}_{v}", e),
-                                                     "bias[k]", f"residual[{r}]")
-                        stores.append(f"out[{o}] = {value};")
-                    if i and p.row_tail:
-                        lines += [f"if (oh0 + {i} < {op.oh}) {{", *indent(stores), "}"]
-                    else:
-                        lines += stores
-                out += ["{", *indent(lines), "}"]
-        return out
+        lines = private_tile(self.vtype(), [name for *_, name in self.acc_names()])
+        body = [f"const int k = kb * {p.oc_bn} + e;"]
+        if not ob:  # plain NCHW: rows OW apart, columns adjacent
+            body.append(f"const int o0 = ((n * {op.co} + k) * {op.oh} + oh0) * {op.ow} + ow0;")
+        else:
+            body.append(f"const int o0 = {self.element(ob, 'k', 0, 0)};")
+        if rb != ob:
+            body.append(f"const int r0 = {self.element(rb, 'k', 0, 0)};")
+        for i in range(p.oh_f):
+            o = f"o0 + {i * op.ow * (ob or 1)} + j * {ob or 1}"
+            r = o if rb == ob else f"r0 + {i * op.ow * (rb or 1)} + j * {rb or 1}"
+            value = self.epilogue.c_expr(f"tile_f[({i * p.reg_n} + j) * {p.oc_bn} + e]",
+                                         "bias[k]", f"residual[{r}]")
+            stores = [f"for (int j = 0; j < {p.reg_n}; ++j) {{", f"  out[{o}] = {value};", "}"]
+            if i and p.row_tail:
+                body += [f"if (oh0 + {i} < {op.oh}) {{", *indent(stores), "}"]
+            else:
+                body += stores
+        lines += [f"for (int e = 0; e < {p.oc_bn}; ++e) {{", *indent(body), "}"]
+        return ["{", *indent(lines), "}"]
 
     def store_vectors(self) -> list[str]:
         """NCHW[oc_bn]c output: a pixel's oc_bn channels are contiguous, one vector store

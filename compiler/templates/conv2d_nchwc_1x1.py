@@ -66,7 +66,7 @@ from compiler.templates.base import (
 )
 from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT
 from compiler.templates.conv2d_nchwc import blocked_io_buffers
-from compiler.templates.emit import indent, signature
+from compiler.templates.emit import indent, private_tile, signature
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigSpace, OtherKnob, SplitKnob
 from schemas import Config, DeviceLimits, Workload
@@ -390,7 +390,7 @@ class _Source:
                   "}"]
         return lines
 
-    def element(self, block: int, k: str, t: int) -> str:
+    def element(self, block: int, k: str, t: int | str) -> str:
         """Index of output element (n, k, pixel p0 + t) in NCHW (``block`` 0) or
         NCHW[block]c: the output's and the residual's layouts."""
         op = self.op
@@ -403,43 +403,44 @@ class _Source:
 
     def store(self) -> list[str]:
         """Each pixel's accumulators through the epilogue: vector stores (and a vector
-        epilogue) into NCHW[oc_bn]c, lane by lane into any other layout; pixels past the
-        image (the last block's) are not stored."""
+        epilogue) into NCHW[oc_bn]c; into any other layout through a private tile
+        (``private_tile``: pixel t's lanes at ``t * oc_bn``, as vec divides oc_bn) and a
+        loop over the block's channels and pixels, lane by lane. Pixels past the image (the
+        last block's) are not stored."""
         p, io, ep = self.p, self.io, self.epilogue
         bn, ob, rb = p.oc_bn, io.out_block, io.residual_block
-        vector = (ob == bn and p.vec > 1 and ep.vectorizable
-                  and ("add" not in ep.ops or rb == bn))
-        lines = []
-        if vector:
-            lines.append(f"GLOBAL float* po = out + ((n * {p.kb} + kb) * {p.pixels} + p0)"
-                         f" * {bn};")
-            if "bias" in ep.ops:
-                lines.append(f"GLOBAL const float* bk = bias + kb * {bn};")
-            if "add" in ep.ops:
-                lines.append(f"GLOBAL const float* pr = residual + ((n * {p.kb} + kb) * "
-                             f"{p.pixels} + p0) * {bn};")
+        if not (ob == bn and p.vec > 1 and ep.vectorizable
+                and ("add" not in ep.ops or rb == bn)):
+            k = f"kb * {bn} + e"
+            value = ep.c_expr(f"tile_f[t * {bn} + e]", f"bias[{k}]",
+                              f"residual[{self.element(rb, k, 't')}]")
+            store = [f"out[{self.element(ob, k, 't')}] = {value};"]
+            if p.pixels % p.tp:
+                store = [f"if (p0 + t < {p.pixels}) {{", *indent(store), "}"]
+            lines = [*private_tile(self.vtype(), [name for *_, name in self.accs()]),
+                     f"for (int e = 0; e < {bn}; ++e) {{",
+                     f"  for (int t = 0; t < {p.tp}; ++t) {{", *indent(indent(store)), "  }",
+                     "}"]
+            return ["{", *indent(lines), "}"]
+        lines = [f"GLOBAL float* po = out + ((n * {p.kb} + kb) * {p.pixels} + p0) * {bn};"]
+        if "bias" in ep.ops:
+            lines.append(f"GLOBAL const float* bk = bias + kb * {bn};")
+        if "add" in ep.ops:
+            lines.append(f"GLOBAL const float* pr = residual + ((n * {p.kb} + kb) * "
+                         f"{p.pixels} + p0) * {bn};")
         rem = p.pixels % p.tp
         for t in range(p.tp):
             stores = []
             for v in range(p.nvec):
-                acc = f"acc_{t}_{v}"
-                if vector:
-                    value = acc
-                    for name in ep.ops:
-                        if name == "bias":
-                            value = f"VADD({value}, {self.vload(v, 'bk')})"
-                        elif name == "add":
-                            value = f"VADD({value}, {self.vload(v, f'(pr + {t * bn})')})"
-                        else:  # relu: the only other op of a vectorizable epilogue
-                            value = f"VMAX({value}, {self.vbcast('0.0f')})"
-                    stores.append(f"VSTORE({p.vec}, {value}, {v}, po + {t * bn});")
-                    continue
-                for e in range(p.vec):
-                    lane = acc if p.vec == 1 else f"VELEM({acc}, {format(e, 'x')})"
-                    k = f"kb * {bn} + {v * p.vec + e}"
-                    value = ep.c_expr(lane, f"bias[{k}]",
-                                      f"residual[{self.element(rb, k, t)}]")
-                    stores.append(f"out[{self.element(ob, k, t)}] = {value};")
+                value = f"acc_{t}_{v}"
+                for name in ep.ops:
+                    if name == "bias":
+                        value = f"VADD({value}, {self.vload(v, 'bk')})"
+                    elif name == "add":
+                        value = f"VADD({value}, {self.vload(v, f'(pr + {t * bn})')})"
+                    else:  # relu: the only other op of a vectorizable epilogue
+                        value = f"VMAX({value}, {self.vbcast('0.0f')})"
+                stores.append(f"VSTORE({p.vec}, {value}, {v}, po + {t * bn});")
             if rem and t >= rem:
                 lines += [f"if (p0 + {t} < {p.pixels}) {{", *indent(stores), "}"]
             else:

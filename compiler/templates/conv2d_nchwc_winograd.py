@@ -72,7 +72,7 @@ from compiler.templates.conv2d_winograd import (
     pack_filter,
     transform_matrices,
 )
-from compiler.templates.emit import indent, signature
+from compiler.templates.emit import indent, private_tile, signature
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigSpace, OtherKnob, SplitKnob
 from schemas import Config, DeviceLimits, Workload
@@ -475,17 +475,24 @@ class _Source:
                             f"{self.vload(vec, f'mp + {b * p.tiles * op.co}')};")
         body += _transform_2d(a_mat.T, "s", "yt", "y", vt)
         crop_h, crop_w = op.oh % m, op.ow % m
+        stores = []
         for i in range(m):
             for j in range(m):
                 y, x = f"th * {m} + {i}", f"tw * {m} + {j}"
                 conds = ([f"{y} < {op.oh}"] if crop_h and i >= crop_h else []) + \
                         ([f"{x} < {op.ow}"] if crop_w and j >= crop_w else [])
                 store = (self.store_vector(f"y{i}_{j}", y, x) if vector_store
-                         else self.store_lanes(f"y{i}_{j}", y, x))
+                         else self.store_lane(f"tile_f[{(i * m + j) * vec} + e]", y, x))
                 if conds:
-                    body += [f"if ({' && '.join(conds)}) {{", *indent(store), "}"]
+                    stores += [f"if ({' && '.join(conds)}) {{", *indent(store), "}"]
                 else:
-                    body += ["{", *indent(store), "}"]
+                    stores += ["{", *indent(store), "}"]
+        if vector_store:
+            body += stores
+        else:  # lane by lane, through a private tile and a loop over the lanes
+            body += private_tile(vt, [f"y{i}_{j}" for i in range(m) for j in range(m)])
+            body += [f"for (int e = 0; e < {vec}; ++e) {{", "  const int k = k0 + e;",
+                     *indent(stores), "}"]
         loops = [f"for (int tw = 0; tw < {p.n_w}; ++tw) {{",
                  *indent([f"for (int v = 0; v < {p.nvec}; ++v) {{", *indent(body), "}"]),
                  "}"]
@@ -510,17 +517,13 @@ class _Source:
         out.append(self.vstore(vec, value, "out + o"))
         return out
 
-    def store_lanes(self, value: str, y: str, x: str) -> list[str]:
-        """Any other layout or epilogue: each lane through the scalar epilogue."""
-        io, vec = self.io, self.p.vec
-        out = []
-        for e in range(vec):
-            lane = value if vec == 1 else f"VELEM({value}, {format(e, 'x')})"
-            k = f"k0 + {e}"
-            residual = f"residual[{self.element(io.residual_block, k, y, x)}]"
-            out.append(f"out[{self.element(io.out_block, k, y, x)}] = "
-                       f"{self.epilogue.c_expr(lane, f'bias[{k}]', residual)};")
-        return out
+    def store_lane(self, value: str, y: str, x: str) -> list[str]:
+        """Any other layout or epilogue: lane ``value`` of channel k through the scalar
+        epilogue (``output_transform`` loops over the lanes)."""
+        io = self.io
+        residual = f"residual[{self.element(io.residual_block, 'k', y, x)}]"
+        value = self.epilogue.c_expr(value, "bias[k]", residual)
+        return [f"out[{self.element(io.out_block, 'k', y, x)}] = {value};"]
 
 
 TEMPLATE = Conv2dNCHWcWinograd()
