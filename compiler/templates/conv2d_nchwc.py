@@ -97,6 +97,8 @@ AVX512_OC_BN = 32
 # ci unrolls a strided KxK default config takes, the largest dividing ic_bn first
 STRIDED_UNROLL_CI = (4, 8)
 ENTRY = "conv2d_nchwc_kernel"
+# the narrowest vectors whose lane-wise stores loop over a private tile (``_Source.store``)
+TILE_STORE_MIN_VEC = 4
 
 
 def default_vec(oc_bn: int) -> int:
@@ -664,22 +666,19 @@ class _Source:
                 f" * {block} + ({k}) % {block}")
 
     def store(self) -> list[str]:
-        """Any output layout but NCHW[oc_bn]c: the accumulators go through a private tile
-        (``private_tile``: the lanes of pixel (i, j) at ``((i * reg_n) + j) * oc_bn``, as
-        vec divides oc_bn) and a loop over the block's channels stores them lane by lane,
-        through the epilogue."""
+        """Any output layout but NCHW[oc_bn]c: lane by lane, through the epilogue. With
+        vectors of ``TILE_STORE_MIN_VEC`` lanes or more the accumulators go through a
+        private tile (``private_tile``: the lanes of pixel (i, j) at ``((i * reg_n) + j) *
+        oc_bn``, as vec divides oc_bn) and a loop over the block's channels stores them;
+        narrower ones keep one statement per lane (``store_lanes``)."""
         if self.io.out_block == self.p.oc_bn:
             return self.store_vectors()
+        if self.p.vec < TILE_STORE_MIN_VEC:
+            return self.store_lanes()
         op, p, io = self.op, self.p, self.io
         ob, rb = io.out_block, io.residual_block
         lines = private_tile(self.vtype(), [name for *_, name in self.acc_names()])
-        body = [f"const int k = kb * {p.oc_bn} + e;"]
-        if not ob:  # plain NCHW: rows OW apart, columns adjacent
-            body.append(f"const int o0 = ((n * {op.co} + k) * {op.oh} + oh0) * {op.ow} + ow0;")
-        else:
-            body.append(f"const int o0 = {self.element(ob, 'k', 0, 0)};")
-        if rb != ob:
-            body.append(f"const int r0 = {self.element(rb, 'k', 0, 0)};")
+        body = [f"const int k = kb * {p.oc_bn} + e;", *self.store_origins(ob, rb)]
         for i in range(p.oh_f):
             o = f"o0 + {i * op.ow * (ob or 1)} + j * {ob or 1}"
             r = o if rb == ob else f"r0 + {i * op.ow * (rb or 1)} + j * {rb or 1}"
@@ -692,6 +691,44 @@ class _Source:
                 body += stores
         lines += [f"for (int e = 0; e < {p.oc_bn}; ++e) {{", *indent(body), "}"]
         return ["{", *indent(lines), "}"]
+
+    def store_lanes(self) -> list[str]:
+        """One statement per lane: the scalar code of vec 1 and 2, which LLVM's and
+        PoCL's vectorisers rework, ran up to 1.2-1.6x slower on some configs (and faster
+        on others) through the private tile (bench/compile_ab.py)."""
+        op, p, io = self.op, self.p, self.io
+        ob, rb = io.out_block, io.residual_block
+        out = []
+        for v in range(p.nvec):
+            for e in range(p.vec):
+                lines = [f"const int k = kb * {p.oc_bn} + {v * p.vec + e};",
+                         *self.store_origins(ob, rb)]
+                for i in range(p.oh_f):
+                    stores = []
+                    for j in range(p.reg_n):
+                        o = f"o0 + {(i * op.ow + j) * (ob or 1)}"
+                        r = o if rb == ob else f"r0 + {(i * op.ow + j) * (rb or 1)}"
+                        value = self.epilogue.c_expr(self.velem(f"acc_{i}_{j}_{v}", e),
+                                                     "bias[k]", f"residual[{r}]")
+                        stores.append(f"out[{o}] = {value};")
+                    if i and p.row_tail:
+                        lines += [f"if (oh0 + {i} < {op.oh}) {{", *indent(stores), "}"]
+                    else:
+                        lines += stores
+                out += ["{", *indent(lines), "}"]
+        return out
+
+    def store_origins(self, ob: int, rb: int) -> list[str]:
+        """``o0``/``r0``: where channel k's pixel (oh0, ow0) lies in the output and (when
+        blocked otherwise) the residual."""
+        op = self.op
+        if not ob:  # plain NCHW: rows OW apart, columns adjacent
+            lines = [f"const int o0 = ((n * {op.co} + k) * {op.oh} + oh0) * {op.ow} + ow0;"]
+        else:
+            lines = [f"const int o0 = {self.element(ob, 'k', 0, 0)};"]
+        if rb != ob:
+            lines.append(f"const int r0 = {self.element(rb, 'k', 0, 0)};")
+        return lines
 
     def store_vectors(self) -> list[str]:
         """NCHW[oc_bn]c output: a pixel's oc_bn channels are contiguous, one vector store
