@@ -152,7 +152,7 @@ def main() -> None:
     for name, flops, med, tune_s, _served, _n in rows:
         print(f"| {name} | {flops / 1e9:.2f} | {med['onnxruntime'] * 1e3:.1f} | "
               f"{med['untuned'] * 1e3:.1f} | {med['tuned'] * 1e3:.1f} | "
-              f"{med['untuned'] / med['tuned']:.2f}x | {med['tuned'] / med['onnxruntime']:.1f}x | "
+              f"{med['untuned'] / med['tuned']:.2f}x | {med['tuned'] / med['onnxruntime']:.2f}x | "
               f"{tune_s / 60:.0f} min |")
 
 
