@@ -13,7 +13,7 @@ kernel's ratio shows the noise). Every figure is under whatever else
 runs on the machine; the run-time ratios of single configs move by +-10-20% on a shared
 2-core VM, so read the geometric means.
 
-    git archive HEAD~1 | tar -x -C /tmp/before
+    git archive COMMIT_BEFORE_THE_CHANGE | tar -x -C /tmp/before
     .venv/bin/python bench/compile_ab.py --before /tmp/before --configs 11
 """
 
@@ -64,11 +64,20 @@ def sources(configs: int, seed: int) -> list[dict[str, Any]]:
             request = MeasureRequest(template=name, workload=workload, config=config)
             _template, kernel = request_kernel(device, request)
             out.append({"template": name, "config": config.model_dump(mode="json"),
-                        "source": kernel.source})
+                        "source": kernel.source, "launch": _launch(kernel)})
     return out
 
 
+def _launch(kernel: Any) -> list[Any]:
+    """What besides the source must agree for the two forms to run on the same operands."""
+    return [list(kernel.grid), list(kernel.block),
+            [[b.name, list(b.shape), b.role] for b in kernel.buffers]]
+
+
 def compare(before: list[dict[str, Any]], rounds: int) -> None:
+    """Both forms of each dumped config, built in alternating order (after a warm-up
+    build: a process's first build also loads PoCL's library), each run on fresh
+    operands and checked against numpy, then timed in alternating rounds."""
     from compiler.runtime import open_device
     from compiler.runtime.measure import (
         MeasureRequest,
@@ -77,10 +86,16 @@ def compare(before: list[dict[str, Any]], rounds: int) -> None:
         task_operands,
     )
     from compiler.templates import get_template
+    from compiler.templates.base import Buffer, Kernel
     from schemas import Config, Workload
 
     device: Any = open_device("opencl:0")
+    device.build(Kernel(source="__kernel void warm(__global float* o) { o[0] = 1.0f; }",
+                        entry="warm", grid=(1, 1, 1), block=(1, 1, 1),
+                        buffers=(Buffer("o", (1,), role="out"),), dialect="opencl"))
+    device.unload()
     totals: dict[str, dict[str, Any]] = {}
+    number: dict[str, int] = {}
     print("| template | config | src KB before -> after | compile s before -> after "
           "| run ms before -> after | after / before |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -91,13 +106,19 @@ def compare(before: list[dict[str, Any]], rounds: int) -> None:
         request = MeasureRequest(template=name, workload=workload,
                                  config=Config.model_validate(item["config"]))
         _template, kernel = request_kernel(device, request)
+        if _launch(kernel) != item["launch"]:
+            raise SystemExit(f"{name} config {index}: the trees launch it differently "
+                             f"({item['launch']} against {_launch(kernel)})")
         kernels = {"before": dataclasses.replace(kernel, source=item["source"]),
                    "after": kernel}
-        buffers = operand_buffers(device, template, kernel, request)
         _arrays, reference = task_operands(name, workload, request.epilogue, request.seed)
         want = reference()
         programs, compile_s, runs = {}, {}, {}
-        for form, k in kernels.items():
+        order = ("before", "after") if index % 2 == 0 else ("after", "before")
+        for form in order:
+            k = kernels[form]
+            # fresh operands: the output as the measurer leaves it, nothing of the other form's
+            buffers = operand_buffers(device, template, kernel, request)
             began = time.perf_counter()
             programs[form] = device.build(k)
             device.run(programs[form], k, buffers)
@@ -113,34 +134,40 @@ def compare(before: list[dict[str, Any]], rounds: int) -> None:
                 runs[form].append(device.time(programs[form], kernels[form], buffers, 3))
         med = {form: statistics.median(v) for form, v in runs.items()}
         ratio = med["after"] / med["before"]
-        total = totals.setdefault(name, {"before": 0.0, "after": 0.0, "ratios": [],
-                                         "same": 0})
-        total["ratios"].append(ratio)
+        total = totals.setdefault(name, {"before": 0.0, "after": 0.0, "changed": [],
+                                         "same": []})
         same = item["source"] == kernel.source  # built once: no compile to compare
         if same:
-            total["same"] += 1
+            total["same"].append(ratio)
             compiled = "same source"
         else:
+            total["changed"].append(ratio)
             total["before"] += compile_s["before"]
             total["after"] += compile_s["after"]
             compiled = f"{compile_s['before']:.2f} -> {compile_s['after']:.2f}"
-        label = "default" if index == 0 or before[index - 1]["template"] != name else index
+        number[name] = number.get(name, -1) + 1
+        label = number[name] or "default"
         print(f"| {name} | {label} | {len(item['source']) / 1e3:.0f} -> "
               f"{len(kernel.source) / 1e3:.0f} | {compiled} | {med['before'] * 1e3:.3f} -> "
               f"{med['after'] * 1e3:.3f} | {ratio:.3f} |", flush=True)
         device.unload()
-    print("\n| template | configs (same source) | compile s of the changed ones, before -> "
-          "after | run after / before: geomean (min-max) |")
-    print("|---|---:|---:|---:|")
+    print("\n| template | changed configs | compile s before -> after | run after / before: "
+          "geomean (min-max) | unchanged configs: run after / before (the noise) |")
+    print("|---|---:|---:|---:|---:|")
     for name, total in totals.items():
-        ratios = total["ratios"]
-        geomean = float(np.exp(np.mean(np.log(ratios))))
         speedup = total["before"] / total["after"] if total["after"] else float("nan")
-        print(f"| {name} | {len(ratios)} ({total['same']}) | {total['before']:.1f} -> "
-              f"{total['after']:.1f} ({speedup:.2f}x) | {geomean:.3f} "
-              f"({min(ratios):.3f}-{max(ratios):.3f}) |")
+        print(f"| {name} | {len(total['changed'])} | {total['before']:.1f} -> "
+              f"{total['after']:.1f} ({speedup:.2f}x) | {_spread(total['changed'])} | "
+              f"{len(total['same'])}: {_spread(total['same'])} |")
     load = os.getloadavg()
     print(f"\nload average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+
+
+def _spread(ratios: list[float]) -> str:
+    if not ratios:
+        return "-"
+    geomean = float(np.exp(np.mean(np.log(ratios))))
+    return f"{geomean:.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
 
 
 def main() -> None:

@@ -463,6 +463,13 @@ def _unroll_rule(p: _Plan) -> Rule:
                 values={"unroll_ci": p.unroll_ci, "ic_bn": p.ic_bn})
 
 
+def _offset(base: str, rows: int, step: int) -> str:
+    """``base + rows + j * step`` in C, without the zero and unit terms."""
+    terms = [t for t in (base, str(rows) if rows else "") if t]
+    terms.append(f"j * {step}" if step != 1 else "j")
+    return " + ".join(terms)
+
+
 def _hex(e: int) -> str:
     return format(e, "x")
 
@@ -668,7 +675,7 @@ class _Source:
     def store(self) -> list[str]:
         """Any output layout but NCHW[oc_bn]c: lane by lane, through the epilogue. With
         vectors of ``TILE_STORE_MIN_VEC`` lanes or more the accumulators go through a
-        private tile (``private_tile``: the lanes of pixel (i, j) at ``((i * reg_n) + j) *
+        private tile (``private_tile``: the lanes of pixel (i, j) at ``(i * reg_n + j) *
         oc_bn``, as vec divides oc_bn) and a loop over the block's channels stores them;
         narrower ones keep one statement per lane (``store_lanes``)."""
         if self.io.out_block == self.p.oc_bn:
@@ -680,10 +687,11 @@ class _Source:
         lines = private_tile(self.vtype(), [name for *_, name in self.acc_names()])
         body = [f"const int k = kb * {p.oc_bn} + e;", *self.store_origins(ob, rb)]
         for i in range(p.oh_f):
-            o = f"o0 + {i * op.ow * (ob or 1)} + j * {ob or 1}"
-            r = o if rb == ob else f"r0 + {i * op.ow * (rb or 1)} + j * {rb or 1}"
-            value = self.epilogue.c_expr(f"tile_f[({i * p.reg_n} + j) * {p.oc_bn} + e]",
-                                         "bias[k]", f"residual[{r}]")
+            o = _offset("o0", i * op.ow * (ob or 1), ob or 1)
+            r = o if rb == ob else _offset("r0", i * op.ow * (rb or 1), rb or 1)
+            value = self.epilogue.c_expr(
+                f"tile_f[{_offset('', i * p.reg_n * p.oc_bn, p.oc_bn)} + e]", "bias[k]",
+                f"residual[{r}]")
             stores = [f"for (int j = 0; j < {p.reg_n}; ++j) {{", f"  out[{o}] = {value};", "}"]
             if i and p.row_tail:
                 body += [f"if (oh0 + {i} < {op.oh}) {{", *indent(stores), "}"]

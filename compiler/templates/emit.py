@@ -63,15 +63,15 @@ def _loop(var: str, extent: int, body: list[str], mode: str) -> list[str]:
     return [*head, *indent(body), "}"]
 
 
-def private_tile(vtype: str, values: Sequence[str], name: str = "tile") -> list[str]:
+def private_tile(vtype: str, values: Sequence[str]) -> list[str]:
     """``values`` (vectors of ``vtype``, or floats) copied into a private array and read
-    back as floats through ``{name}_f``, value k's lane e at ``{name}_f[k * lanes + e]``:
-    a lane-wise store then loops over lanes at run time where one statement per lane
-    made PoCL's compile time grow with the register tile (the stores of a 32-channel x
-    8-pixel tile were 40% of a direct kernel's source and half its compile time)."""
-    return [f"{vtype} {name}[{len(values)}];",
-            *(f"{name}[{k}] = {value};" for k, value in enumerate(values)),
-            f"const float* {name}_f = (const float*){name};"]
+    back as floats through ``tile_f``, value k's lane e at ``tile_f[k * lanes + e]``: a
+    lane-wise store then loops over lanes at run time where one statement per lane made
+    PoCL's compile time grow with the register tile (the stores of a 32-channel x 8-pixel
+    tile were 40% of a direct kernel's source and half its compile time)."""
+    return [f"{vtype} tile[{len(values)}];",
+            *(f"tile[{k}] = {value};" for k, value in enumerate(values)),
+            "const float* tile_f = (const float*)tile;"]
 
 
 def indent(lines: list[str]) -> list[str]:
