@@ -29,6 +29,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SPIN_SETTLE_S = 0.1
 
 
+def empty_kernel(entry: str) -> Any:
+    """A kernel that does next to nothing: what PoCL spends on any kernel (and, built
+    first in a process, its library load)."""
+    from compiler.templates.base import Buffer, Kernel
+
+    return Kernel(source=f"__kernel void {entry}(__global float* o) "
+                         "{ o[get_global_id(0)] = 1.0f; }",
+                  entry=entry, grid=(64, 1, 1), block=(1, 1, 1),
+                  buffers=(Buffer("o", (64,), role="out"),), dialect="opencl")
+
+
 def settle() -> None:
     """Let the previous entry's threads park before the next entry's clock starts: call
     it before each timed entry of an alternating round."""

@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 import numpy as np
+from common import empty_kernel
 
 CASES = {
     "conv2d_NCHWc.x86": '[["TENSOR",[1,64,56,56],"float32"],["TENSOR",[64,64,3,3],"float32"],'
@@ -86,13 +87,10 @@ def compare(before: list[dict[str, Any]], rounds: int) -> None:
         task_operands,
     )
     from compiler.templates import get_template
-    from compiler.templates.base import Buffer, Kernel
     from schemas import Config, Workload
 
     device: Any = open_device("opencl:0")
-    device.build(Kernel(source="__kernel void warm(__global float* o) { o[0] = 1.0f; }",
-                        entry="warm", grid=(1, 1, 1), block=(1, 1, 1),
-                        buffers=(Buffer("o", (1,), role="out"),), dialect="opencl"))
+    device.build(empty_kernel("warm"))
     device.unload()
     totals: dict[str, dict[str, Any]] = {}
     number: dict[str, int] = {}
@@ -185,12 +183,19 @@ def main() -> None:
     if not opts.before:
         parser.error("--before TREE is required")
     tree = os.path.abspath(opts.before)
+    if not os.path.isdir(os.path.join(tree, "compiler", "templates")):
+        parser.error(f"--before {tree}: not a source tree of this project (no compiler/templates)")
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, PYTHONPATH=tree)
         # this script, importing the other tree's code (it need not have this script)
         dumped = subprocess.run([sys.executable, os.path.abspath(__file__), "--dump",
                                  "--configs", str(opts.configs), "--seed", str(opts.seed)],
-                                env=env, check=True, capture_output=True, text=True, cwd=tree)
+                                check=False, env=env, capture_output=True, text=True,
+                                cwd=tree)
+        if dumped.returncode != 0:
+            why = (dumped.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"--before {tree}: its kernels could not be written "
+                             f"(exit {dumped.returncode}): {why}")
         os.environ["POCL_CACHE_DIR"] = os.environ["TUNER_KERNEL_CACHE"] = cache
         compare(json.loads(dumped.stdout.strip().splitlines()[-1]), opts.rounds)
 

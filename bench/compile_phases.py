@@ -39,20 +39,12 @@ import tempfile
 import time
 from typing import Any
 
+from common import empty_kernel
+
 ARGS = ('[["TENSOR",[1,64,56,56],"float32"],["TENSOR",[64,64,3,3],"float32"],[1,1],'
         '[1,1,1,1],[1,1],"NCHW","NCHW","float32"]')
 TEMPLATE = "conv2d_NCHWc.x86"
 CLANG_GUARD = "#ifdef __clang__"  # the prelude's vector-type VLOAD/VSTORE branch
-
-
-def _empty(entry: str) -> Any:
-    """A kernel that does next to nothing: what PoCL spends on any kernel."""
-    from compiler.templates.base import Buffer, Kernel
-
-    return Kernel(source=f"__kernel void {entry}(__global float* o) "
-                         "{ o[get_global_id(0)] = 1.0f; }",
-                  entry=entry, grid=(64, 1, 1), block=(1, 1, 1),
-                  buffers=(Buffer("o", (64,), role="out"),), dialect="opencl")
 
 
 def _vloadn_form(source: str) -> str:
@@ -79,7 +71,7 @@ def one(seed: int, index: int) -> dict[str, Any]:
 
     device: Any = open_device("opencl:0")
     began = time.perf_counter()
-    device.build(_empty("warm"))  # the first build also loads PoCL's kernel library
+    device.build(empty_kernel("warm"))  # the first build also loads PoCL's kernel library
     library = time.perf_counter() - began
     device.unload()
     template = get_template(TEMPLATE)
@@ -94,7 +86,7 @@ def one(seed: int, index: int) -> dict[str, Any]:
     out: dict[str, Any] = {"knobs": {k: v for k, v in template.decode(workload, configs[index])
                                      .items()}, "src": len(kernel.source)}
     # the fixed cost: an empty kernel's build and first launch (library already loaded)
-    empty = _empty("empty")
+    empty = empty_kernel("empty")
     start = time.perf_counter()
     program = device.build(empty)
     built = time.perf_counter()
