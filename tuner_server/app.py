@@ -27,6 +27,7 @@ from schemas.api import Health, Readiness
 from schemas.text import describe, one_line
 from tuner_server.api import dashboard as dashboard_api
 from tuner_server.api import jobs, records, workers
+from tuner_server.api.hot import HotBest
 from tuner_server.db.models import RecordRow
 from tuner_server.db.session import (
     check_schema,
@@ -34,6 +35,7 @@ from tuner_server.db.session import (
     reader_engine,
     session_factory,
 )
+from tuner_server.gc_pause import freeze_startup
 from tuner_server.middleware import MAX_DETAIL_CHARS, Guard, outage_reason
 from tuner_server.queue import QueueUnavailable, make_queue
 from tuner_server.services.dispatch import workers_alive
@@ -87,6 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        freeze_startup()
         if settings.run_scheduler:
             scheduler.start()
         yield
@@ -102,6 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="AutoTVM-style tuning service: records, jobs, workers.",
                   docs_url=None, redoc_url=None,
                   telemetry={"tracing": False, "metrics": False, "logs": False})
+    app.add_middleware(HotBest, state=app.state)  # inside Guard: added first
     app.add_middleware(Guard, large_paths=records.LARGE_BODY_PATHS)
     app.state.settings = settings
     app.state.engine = engine
