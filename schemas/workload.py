@@ -19,6 +19,8 @@ MAX_ARG_NODES = 1024
 MAX_ARG_DEPTH = 8
 MAX_ARG_STRING = 128
 MAX_ARG_INT = 2**63 - 1
+# ``Workload.key``'s writer, made once: json.dumps with separators makes an encoder per call
+_KEY_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 def _check_arg(value: Any, path: str, depth: int, nodes: list[int]) -> None:
@@ -129,7 +131,7 @@ class Workload(Frozen):
         """The workload as records store it (``records.workload_key``): computed once, as
         a lookup of many workloads asks it of each several times. JSON writes the
         frozen tuples as the lists they were."""
-        return json.dumps([self.template, self.args], separators=(",", ":"))
+        return _KEY_JSON.encode([self.template, self.args])
 
     def __eq__(self, other: object) -> bool:
         # equal exactly when records match them alike: args 1, 1.0 and true are three

@@ -118,8 +118,8 @@ def test_batch_answers_as_one_at_a_time(sessions: sessionmaker[Session], leading
 
 
 def test_queries_do_not_grow_with_the_batch(sessions: sessionmaker[Session]) -> None:
-    """1,000 workloads in one call: a handful of statements (one per tier, a few rounds
-    of lines), not one per workload."""
+    """1,000 workloads in one call: a handful of statements (whether the model has
+    records, one per tier, a few rounds of lines), not one per workload."""
     asked = workloads(1000)
     with sessions.begin() as session:
         fill(session, asked)
@@ -137,7 +137,7 @@ def test_queries_do_not_grow_with_the_batch(sessions: sessionmaker[Session]) -> 
                 found = svc.best(session, asked, Target.parse(text))
             assert sum(a.line is not None for a in found) > 500
             selects = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
-            assert len(selects) <= 8, (text, len(selects))
+            assert len(selects) <= 9, (text, len(selects))
     finally:
         event.remove(engine, "before_cursor_execute", count)
 

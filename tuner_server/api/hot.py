@@ -3,9 +3,9 @@
 A build asks records/best layer by layer, so its per-request cost is the framework's as
 much as the query's: FastAPI's dependency solving, its exit stack, the request and
 response objects and their exception wrappers cost about as much as the lookup itself.
-A request whose token the process's cache knows with an allowed role, whose body
-validates and whose target parses is answered here (the same service calls, the same
-bytes); anything else (an unknown or expired token, a bad body, a refusal) falls through
+A request whose token has an allowed role, whose body validates and whose target
+parses is answered here (the same service calls, the same bytes); anything else (a
+missing or unknown token, a bad body, a refusal) falls through
 to the FastAPI route with its body, which answers it as it always has. So the route stays
 the one definition of the endpoint's contract and errors, this is only a shortcut for
 the requests that pass it."""
@@ -20,7 +20,7 @@ from schemas import Target
 from schemas.api import BestRequest
 from tuner_server.api.records import BEST_PATH, BEST_ROLES
 from tuner_server.services import records as svc
-from tuner_server.services.tokens import TokenInfo
+from tuner_server.services.tokens import MISS, TokenInfo
 
 _JSON = [(b"content-type", b"application/json")]
 
@@ -65,23 +65,27 @@ class HotBest:
             if message["type"] != "http.request" or not message.get("more_body", False):
                 return b"".join(chunks)
 
-    def _admits(self, info: object) -> bool:
-        return isinstance(info, TokenInfo) and info.role in BEST_ROLES
-
     async def _answer(self, scope: Scope, body: bytes) -> bytes | None:
         """The route's answer, or None where the route must answer (it refuses)."""
+        token = None
         if self.state.settings.require_auth:
             token = _bearer(scope)
-            if token is None or not self._admits(self.state.tokens.cached(token)):
+            if token is None:
                 return None
         try:
             request = BestRequest.model_validate_json(body)
             target = Target.parse(request.target)
         except ValueError:  # ValidationError is one: the route words the 422
             return None
-        readers = self.state.readers
+        tokens, readers = self.state.tokens, self.state.readers
 
-        def lookup() -> bytes:
+        def lookup() -> bytes | None:
+            if token is not None:  # a token the cache has forgotten: looked up here
+                info = tokens.cached(token)
+                if info is MISS:
+                    info = tokens.lookup(token)
+                if not isinstance(info, TokenInfo) or info.role not in BEST_ROLES:
+                    return None
             with readers() as session:
                 return svc.best_json(svc.best(session, request.workloads, target))
 

@@ -93,14 +93,22 @@ def reader_engine(engine: Engine) -> Engine:
     COMMITTED each statement took its own snapshot anyway, so the answers are the same.
     Its plans take no parallel workers: a batch's tier is one scan a Gather would split,
     and its workers took 100-170 ms to start and hand back 15,000 rows where the scan
-    alone took ~100 ms (10,000 workloads, 100,000 records, 2 cores). At most 10
+    alone took ~100 ms (10,000 workloads, 100,000 records, 2 cores). Its sorts get 64 MB
+    before they spill to disk: a batch's ranking of other devices' candidates sorts ~75,000
+    rows (20 MB), which PostgreSQL's default 4 MB sent through temporary files. Its plans
+    are made for each statement's values (``plan_cache_mode``): psycopg prepares a
+    statement run 5 times on a connection, and PostgreSQL then switched a batch's tier
+    query to a generic plan, made for a few workloads, that took 17 s for 10,000 where
+    its own plan takes 0.07 s (a single lookup pays ~0.08 ms for planning). At most 10
     connections: lookups hold one for milliseconds. Elsewhere ``engine`` itself (SQLite
     takes its lock at BEGIN, ``make_engine``)."""
     if engine.dialect.name != "postgresql":
         return engine
     reader = create_engine(engine.url, isolation_level="AUTOCOMMIT", pool_pre_ping=False,
                            pool_recycle=RECYCLE_S, pool_size=5, max_overflow=5,
-                           connect_args={"options": "-c max_parallel_workers_per_gather=0"})
+                           connect_args={"options": "-c max_parallel_workers_per_gather=0 "
+                                                      "-c work_mem=64MB "
+                                                      "-c plan_cache_mode=force_custom_plan"})
     event.listen(reader, "checkout", _drop_if_closed_by_server)
     return reader
 
