@@ -32,6 +32,29 @@ def _known_target(value: Any) -> Target | None:
     return None
 
 
+def line_of(target: str, workload: Workload, config: dict[str, Any], result: MeasureResult,
+            info: dict[str, Any] | None = None, kwargs: dict[str, Any] | None = None,
+            version: float = LOG_VERSION, tvm_version: str = TVM_VERSION) -> dict[str, Any]:
+    """A record's AutoTVM line from its parts (``Record.to_json``; ``config`` as
+    ``Config.to_json`` writes it): the server writes a trial's result this way, from
+    parts it has checked already, without validating them again as a Record."""
+    row: dict[str, Any] = {
+        "input": [target, workload.template, workload.args_json(), {} if kwargs is None
+                  else kwargs],
+        "config": config,
+        "result": [list(result.costs), int(result.error_no), result.all_cost,
+                   result.timestamp],
+        "version": version,
+        "tvm_version": tvm_version,
+    }
+    info = dict(info or {})
+    if result.error_msg and "error_msg" not in info:
+        info["error_msg"] = result.error_msg
+    if info:
+        row["info"] = info
+    return row
+
+
 class RecordFormatError(ValueError):
     """A log line that is not a valid AutoTVM v0.2 record; the message names the field."""
 
@@ -124,29 +147,8 @@ class Record(BaseModel):
             raise RecordFormatError(one_line(problem, 400)) from None
 
     def to_json(self) -> dict[str, Any]:
-        row: dict[str, Any] = {
-            "input": [
-                str(self.target),
-                self.workload.template,
-                self.workload.args_json(),
-                self.kwargs,
-            ],
-            "config": self.config.to_json(),
-            "result": [
-                list(self.result.costs),
-                int(self.result.error_no),
-                self.result.all_cost,
-                self.result.timestamp,
-            ],
-            "version": self.version,
-            "tvm_version": self.tvm_version,
-        }
-        info = dict(self.info or {})
-        if self.result.error_msg and "error_msg" not in info:
-            info["error_msg"] = self.result.error_msg
-        if info:
-            row["info"] = info
-        return row
+        return line_of(str(self.target), self.workload, self.config.to_json(), self.result,
+                       self.info, self.kwargs, self.version, self.tvm_version)
 
     def to_line(self) -> str:
         return json.dumps(self.to_json())

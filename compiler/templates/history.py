@@ -158,9 +158,11 @@ def rank(entries: Sequence[Stored[T]], target: Target) -> list[Ranked[T]]:
             place = places[id(entry.target)] = (same_device(entry.target, target),
                                                 entry.target.keys)
         (here if place[0] else others).append(entry)
-    # this device's are ranked above the others or not at all
-    ranked = [Ranked(THIS_DEVICE, None, entry.item) for entry in device_order(here)]
-    for key in target.keys:
+    # this device's are ranked above the others or not at all (a batch of workloads
+    # often has only one of the two: nothing to order for the other)
+    ranked = ([Ranked(THIS_DEVICE, None, entry.item) for entry in device_order(here)]
+              if here else [])
+    for key in target.keys if others else ():
         tier: list[Stored[T]] = []
         rest: list[Stored[T]] = []
         for entry in others:

@@ -11,25 +11,25 @@ from functools import lru_cache
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import func, insert, not_, select, update
+from sqlalchemy import case, func, insert, not_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from schemas import (
-    Config,
     DeviceLimits,
     MeasureErrorNo,
     MeasureOptions,
     MeasureResult,
-    Record,
     Target,
     Workload,
 )
 from schemas.api import LeasedTrial, TrialStatus
+from schemas.record import line_of
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import DispatchQueue, queue_matches
 from tuner_server.services.fleet import alive_clause
-from tuner_server.services.records import record_row
+from tuner_server.services.records import row_of
 from tuner_server.services.tokens import bind_worker_token, revoke_worker_tokens
 
 log = logging.getLogger("tuner.dispatch")
@@ -257,21 +257,34 @@ def _store(session: Session, outcomes: list[Outcome]) -> bool:
     workloads = {t.id: Workload(template=t.template, args=t.args) for t in session.scalars(
         select(TaskRow).where(TaskRow.id.in_(sorted({t.task_id for t, *_ in outcomes}))))}
     targets = {text: Target.parse(text) for text in {target for _t, _r, target, _i in outcomes}}
-    # the Record straight from its parts: a MeasureInput first validated each part twice
-    rows = [dict(record_row(Record(
-        target=targets[target], workload=workloads[trial.task_id],
-        config=Config.model_validate(trial.config), result=result, info=info or None),
-        verified_config=trial.config_index if trial.verify_round else None), trial_id=trial.id)
-        for trial, result, target, info in outcomes]
+    # each line straight from its parts: the config as the scheduler stored it (the
+    # space's ``to_json``), the result and info as the request's validation left them
+    rows = []
+    for trial, result, target, info in outcomes:
+        workload, parsed = workloads[trial.task_id], targets[target]
+        line = line_of(str(parsed), workload, trial.config, result, info)
+        rows.append(dict(row_of(parsed, workload, line, result, verified_config=(
+            trial.config_index if trial.verify_round else None)), trial_id=trial.id))
+    # Core statements on the tables: the ORM's bulk paths cost more than the rows here
     try:
         with session.begin_nested():
-            session.execute(insert(RecordRow), rows)
+            session.execute(insert(RecordRow.__table__), rows)
     except IntegrityError:
         return False
+    # the trials done in one statement per error number, not one UPDATE each; the
+    # session's copies of them are set to match, as loaded (nothing left to flush)
+    by_error: dict[int, list[int]] = {}
+    for trial, result, _target, _info in outcomes:
+        by_error.setdefault(int(result.error_no), []).append(trial.id)
+        for name, value in (("status", TrialStatus.DONE), ("error_no", int(result.error_no)),
+                            ("lease_deadline", None)):
+            set_committed_value(trial, name, value)
+    trials = TrialRow.__table__
+    for error_no, ids in sorted(by_error.items()):
+        session.execute(trials.update().where(trials.c.id.in_(ids)).values(
+            status=TrialStatus.DONE, error_no=error_no, lease_deadline=None))
     per_task: dict[int, list[Any]] = {}  # task id -> [count, best cost, its position]
     for trial, result, _target, _info in outcomes:
-        trial.status, trial.error_no = TrialStatus.DONE, int(result.error_no)
-        trial.lease_deadline = None
         if trial.verify_round:
             continue
         entry = per_task.setdefault(trial.task_id, [0, None, None])
@@ -280,14 +293,13 @@ def _store(session: Session, outcomes: list[Outcome]) -> bool:
             entry[1], entry[2] = result.mean_cost, entry[0]
     for task_id in sorted(per_task):
         done, cost, position = per_task[task_id]
-        session.execute(update(TaskRow).where(TaskRow.id == task_id)
-                        .values(trials_done=TaskRow.trials_done + done))
-        if cost is not None:
-            session.execute(
-                update(TaskRow)
-                .where(TaskRow.id == task_id,
-                       (TaskRow.best_cost.is_(None)) | (TaskRow.best_cost > cost))
-                .values(best_cost=cost, best_trial=TaskRow.trials_done - done + position))
+        values: dict[str, Any] = {"trials_done": TaskRow.trials_done + done}
+        if cost is not None:  # SET reads the row as it was: trials_done before this batch
+            better = TaskRow.best_cost.is_(None) | (TaskRow.best_cost > cost)
+            values["best_cost"] = case((better, cost), else_=TaskRow.best_cost)
+            values["best_trial"] = case((better, TaskRow.trials_done + position),
+                                        else_=TaskRow.best_trial)
+        session.execute(update(TaskRow).where(TaskRow.id == task_id).values(**values))
     return True
 
 

@@ -43,7 +43,15 @@ from compiler.templates.history import (
     rank,
 )
 from compiler.templates.space import ConfigSpace, SplitKnob
-from schemas import Config, DeviceLimits, Record, RecordFormatError, Target, Workload
+from schemas import (
+    Config,
+    DeviceLimits,
+    MeasureResult,
+    Record,
+    RecordFormatError,
+    Target,
+    Workload,
+)
 from schemas.api import (
     MAX_REPORTED_ERRORS,
     BestItem,
@@ -156,7 +164,13 @@ def record_row(record: Record, source: str = "measured",
     """The records row of ``record``; ``source``: "measured" (this fleet's trial) or
     "imported" (a log line someone posted), which ``best`` ranks below a measurement;
     ``verified_config``: the config index a verification trial measured again."""
-    target = record.target
+    return row_of(record.target, record.workload, record.to_json(), record.result, source,
+                  verified_config)
+
+
+def row_of(target: Target, workload: Workload, line: dict[str, Any], result: MeasureResult,
+           source: str = "measured", verified_config: int | None = None) -> dict[str, Any]:
+    """``record_row`` from a record's parts and its line (``schemas.record.line_of``)."""
     return {
         "source": source,
         "verified_config": verified_config,
@@ -164,12 +178,12 @@ def record_row(record: Record, source: str = "measured",
         "target_kind": target.kind,
         "target_model": target.model,
         "target_keys": "," + ",".join(target.keys) + ",",
-        "template": record.workload.template,
-        "workload_key": record.workload.key,
-        "line": record.to_json(),
-        "mean_cost": record.result.mean_cost,
-        "error_no": int(record.result.error_no),
-        "timestamp": record.result.timestamp,
+        "template": workload.template,
+        "workload_key": workload.key,
+        "line": line,
+        "mean_cost": result.mean_cost,
+        "error_no": int(result.error_no),
+        "timestamp": result.timestamp,
     }
 
 
