@@ -27,7 +27,7 @@ from schemas.api import Health, Readiness
 from schemas.text import describe, one_line
 from tuner_server.api import dashboard as dashboard_api
 from tuner_server.api import jobs, records, workers
-from tuner_server.api.hot import HotBest
+from tuner_server.api.hot import Shortcuts
 from tuner_server.db.models import RecordRow
 from tuner_server.db.session import (
     check_schema,
@@ -105,7 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="AutoTVM-style tuning service: records, jobs, workers.",
                   docs_url=None, redoc_url=None,
                   telemetry={"tracing": False, "metrics": False, "logs": False})
-    app.add_middleware(HotBest, state=app.state)  # inside Guard: added first
+    app.add_middleware(Shortcuts, state=app.state)  # inside Guard: added first
     app.add_middleware(Guard, large_paths=records.LARGE_BODY_PATHS)
     app.state.settings = settings
     app.state.engine = engine

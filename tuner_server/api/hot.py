@@ -1,28 +1,37 @@
-"""records/best the short way: a lookup in the common shape is answered below FastAPI.
+"""The busiest calls the short way: records/best and a worker's results, below FastAPI.
 
-A build asks records/best layer by layer, so its per-request cost is the framework's as
-much as the query's: FastAPI's dependency solving, its exit stack, the request and
-response objects and their exception wrappers cost about as much as the lookup itself.
-A request whose token has an allowed role, whose body validates and whose target
-parses is answered here (the same service calls, the same bytes); anything else (a
-missing or unknown token, a bad body, a refusal) falls through
-to the FastAPI route with its body, which answers it as it always has. So the route stays
-the one definition of the endpoint's contract and errors, this is only a shortcut for
-the requests that pass it."""
+A build asks records/best layer by layer and a fleet reports results many times a
+second, so their per-request cost is the framework's as much as the work's: FastAPI's
+dependency solving, its exit stack, the request and response objects, the response
+model's validation and the exception wrappers cost about as much as a single lookup. A
+request whose token has the role the route needs, whose body validates and whose path
+parses is answered here, by the same service calls and with the same bytes; anything
+else (a missing or unknown token, a bad body, a refusal: 404, 409) falls through, with
+its body, to the FastAPI route, which answers it as it always has. So the routes stay
+the one definition of each endpoint's contract and errors; this is only a shortcut for
+the requests that pass them."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
+from fastapi import HTTPException
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schemas import Target
-from schemas.api import BestRequest
+from schemas.api import MAX_ID, BestRequest, Results
 from tuner_server.api.records import BEST_PATH, BEST_ROLES
+from tuner_server.api.workers import router as workers_router
+from tuner_server.api.workers import store_results
 from tuner_server.services import records as svc
 from tuner_server.services.tokens import MISS, TokenInfo
 
 _JSON = [(b"content-type", b"application/json")]
+Answer = Callable[[], bytes | None]  # a shortcut's answer, made in a thread (None: refused)
+_RESULTS = re.compile(re.escape(workers_router.prefix) + r"/([1-9][0-9]{0,9})/results")
 
 
 def _bearer(scope: Scope) -> str | None:
@@ -34,21 +43,90 @@ def _bearer(scope: Scope) -> str | None:
     return None
 
 
-class HotBest:
-    """The shortcut, as the layer just inside ``Guard`` (which has read the body whole
+def _admitted(state: State, token: str | None, admits: Callable[[TokenInfo], bool]) -> bool:
+    """Whether the request may take the shortcut: ``token`` (None: the server asks for
+    none) is known, from the process's cache or looked up (this runs in a thread), and
+    its role passes ``admits``, the route's own check."""
+    if token is None:
+        return True
+    info = state.tokens.cached(token)
+    if info is MISS:
+        info = state.tokens.lookup(token)
+    return isinstance(info, TokenInfo) and admits(info)
+
+
+def _best(state: State, token: str | None, body: bytes) -> Answer | None:
+    """records/best's answer, or None where the route answers."""
+    try:
+        request = BestRequest.model_validate_json(body)
+        target = Target.parse(request.target)
+    except ValueError:  # ValidationError is one: the route words the 422
+        return None
+
+    def answer() -> bytes | None:
+        if not _admitted(state, token, lambda info: info.role in BEST_ROLES):
+            return None
+        with state.readers() as session:
+            return svc.best_json(svc.best(session, request.workloads, target))
+
+    return answer
+
+
+def _results(state: State, token: str | None, body: bytes, worker_id: int
+             ) -> Answer | None:
+    """A worker's results call (``store_results``), or None where the route answers."""
+    try:
+        results = Results.model_validate_json(body)
+    except ValueError:
+        return None
+
+    def answer() -> bytes | None:
+        if not _admitted(state, token, lambda info: info.role == "admin" or (
+                info.role == "worker" and info.worker_id == worker_id)):
+            return None
+        with state.sessions() as session:
+            try:
+                accepted = store_results(state, session, worker_id, results)
+            except HTTPException:  # an unknown worker, a refused result: nothing stored
+                return None
+        return accepted.model_dump_json().encode()
+
+    return answer
+
+
+class Shortcuts:
+    """The shortcuts, as the layer just inside ``Guard`` (which has read the body whole
     and answers any error that escapes)."""
 
     def __init__(self, app: ASGIApp, state: State) -> None:
         self.app = app
         self.state = state
 
+    @staticmethod
+    def _route(scope: Scope) -> Callable[[State, str | None, bytes], Answer | None] | None:
+        """The shortcut of the request's path, or None (the request goes on as it is)."""
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return None
+        path = scope["path"]
+        if path == BEST_PATH:
+            return _best
+        match = _RESULTS.fullmatch(path)
+        if match and int(match[1]) <= MAX_ID:
+            worker_id = int(match[1])
+            return lambda state, token, body: _results(state, token, body, worker_id)
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] != "http" or scope["path"] != BEST_PATH
-                or scope["method"] != "POST"):
+        route = self._route(scope)
+        if route is None:
             await self.app(scope, receive, send)
             return
-        body = await self._body(receive)
-        answer = await self._answer(scope, body)
+        body = await _read(receive)
+        answer = None
+        token = _bearer(scope) if self.state.settings.require_auth else None
+        if token is not None or not self.state.settings.require_auth:  # else: 401
+            made = route(self.state, token, body)
+            answer = None if made is None else await run_in_threadpool(made)
         if answer is None:
             await self.app(scope, _replay(body, receive), send)
             return
@@ -56,40 +134,14 @@ class HotBest:
                     "headers": [*_JSON, (b"content-length", str(len(answer)).encode())]})
         await send({"type": "http.response.body", "body": answer})
 
-    @staticmethod
-    async def _body(receive: Receive) -> bytes:
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                return b"".join(chunks)
 
-    async def _answer(self, scope: Scope, body: bytes) -> bytes | None:
-        """The route's answer, or None where the route must answer (it refuses)."""
-        token = None
-        if self.state.settings.require_auth:
-            token = _bearer(scope)
-            if token is None:
-                return None
-        try:
-            request = BestRequest.model_validate_json(body)
-            target = Target.parse(request.target)
-        except ValueError:  # ValidationError is one: the route words the 422
-            return None
-        tokens, readers = self.state.tokens, self.state.readers
-
-        def lookup() -> bytes | None:
-            if token is not None:  # a token the cache has forgotten: looked up here
-                info = tokens.cached(token)
-                if info is MISS:
-                    info = tokens.lookup(token)
-                if not isinstance(info, TokenInfo) or info.role not in BEST_ROLES:
-                    return None
-            with readers() as session:
-                return svc.best_json(svc.best(session, request.workloads, target))
-
-        return await run_in_threadpool(lookup)
+async def _read(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import State
 
 from schemas.api import (
     Deregistered,
@@ -165,13 +166,20 @@ def results(worker_id: PathId, body: Results, request: Request,
             session: Session = Depends(get_session),
             _caller: Caller = Depends(require_worker_self)) -> ResultsAccepted:
     """All or nothing: 409 when any result is for a trial not leased to this worker."""
+    return store_results(request.app.state, session, worker_id, body)
+
+
+def store_results(state: State, session: Session, worker_id: int,
+                  body: Results) -> ResultsAccepted:
+    """The results route's work (``api.hot`` answers most calls with it too); raises
+    HTTPException, with nothing stored, for an unknown worker or a refused result."""
     worker = _worker(session, worker_id)
     with _refusals():
         counts = dispatch.report(session, worker,
                                  [(r.trial_id, r.result, r.info) for r in body.results])
     session.commit()
-    request.app.state.queue.finished([r.trial_id for r in body.results])
-    request.app.state.metrics.recorded(counts.accepted)
+    state.queue.finished([r.trial_id for r in body.results])
+    state.metrics.recorded(counts.accepted)
     return ResultsAccepted(accepted=counts.accepted, duplicates=counts.duplicates)
 
 
