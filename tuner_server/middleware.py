@@ -54,6 +54,21 @@ def error_answer(err: BaseException) -> tuple[int, str]:
     return 500, f"internal error: {type(err).__name__}; see the server log"
 
 
+def replayed(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for an app after ``body`` was read whole: the body first, then what
+    ``receive`` gives (after a body, only a disconnect comes)."""
+    done = False
+
+    async def again() -> Message:
+        nonlocal done
+        if not done:
+            done = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again
+
+
 class _ClientGone(Exception):
     """The client disconnected before its request body was read."""
 
@@ -84,15 +99,7 @@ class Guard:
             await JSONResponse({"detail": f"request body larger than {limit} bytes"},
                                status_code=413)(scope, receive, send)
             return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: only a disconnect comes
-
+        replay = replayed(body, receive)
         started = False
 
         async def watch(message: Message) -> None:

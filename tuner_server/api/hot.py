@@ -19,13 +19,14 @@ from collections.abc import Callable
 from fastapi import HTTPException
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas import Target
 from schemas.api import MAX_ID, BestRequest, Results
 from tuner_server.api.records import BEST_PATH, BEST_ROLES
 from tuner_server.api.workers import router as workers_router
 from tuner_server.api.workers import store_results
+from tuner_server.middleware import replayed
 from tuner_server.services import records as svc
 from tuner_server.services.tokens import MISS, TokenInfo
 
@@ -128,7 +129,7 @@ class Shortcuts:
             made = route(self.state, token, body)
             answer = None if made is None else await run_in_threadpool(made)
         if answer is None:
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replayed(body, receive), send)
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*_JSON, (b"content-length", str(len(answer)).encode())]})
@@ -142,18 +143,3 @@ async def _read(receive: Receive) -> bytes:
         chunks.append(message.get("body", b""))
         if message["type"] != "http.request" or not message.get("more_body", False):
             return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """``receive`` with ``body`` given again first (this layer read it)."""
-    replayed = False
-
-    async def again() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return again
-

@@ -8,6 +8,7 @@ the others go on."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -436,15 +437,31 @@ class Planned(NamedTuple):
     queue: str
 
 
+# A plan's trials on PostgreSQL: one statement of two arrays. As a multi-row VALUES, a
+# plan of 256 is 1,800 parameters, which SQLAlchemy renders and psycopg parses again for
+# every plan (6% of a server's CPU at 2,000 trials/s).
+_PG_INSERT_TRIALS = text(
+    "INSERT INTO trials (task_id, queue, config, config_index, status, attempts, verify_round)"
+    " SELECT :task_id, :queue, c, i, :status, 0, 0"
+    " FROM unnest(CAST(:configs AS json[]), CAST(:indices AS bigint[])) AS u(c, i)"
+    " RETURNING id")
+
+
 def _insert_trials(session: Session, task: TaskRow, queue: str,
                    configs: list[dict[str, Any]], indices: list[int]) -> list[Planned]:
-    """A plan's trials in one Core INSERT, RETURNING their ids (in no particular order:
+    """A plan's trials in one INSERT, RETURNING their ids (in no particular order:
     asking for the rows' order makes SQLAlchemy insert row by row on SQLite)."""
-    rows = [{"task_id": task.id, "queue": queue, "config": config, "config_index": index,
-             "status": TrialStatus.QUEUED, "attempts": 0, "verify_round": 0}
-            for config, index in zip(configs, indices)]
-    ids = session.execute(insert(TrialRow.__table__).returning(TrialRow.__table__.c.id),
-                          rows).scalars().all()
+    if session.get_bind().dialect.name == "postgresql":
+        ids = session.execute(_PG_INSERT_TRIALS, {
+            "task_id": task.id, "queue": queue, "status": str(TrialStatus.QUEUED),
+            "configs": [json.dumps(config) for config in configs],
+            "indices": list(indices)}).scalars().all()
+    else:
+        rows = [{"task_id": task.id, "queue": queue, "config": config, "config_index": index,
+                 "status": TrialStatus.QUEUED, "attempts": 0, "verify_round": 0}
+                for config, index in zip(configs, indices)]
+        ids = session.execute(insert(TrialRow.__table__).returning(TrialRow.__table__.c.id),
+                              rows).scalars().all()
     return [Planned(trial_id, queue) for trial_id in sorted(ids)]
 
 
