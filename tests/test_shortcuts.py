@@ -6,6 +6,7 @@ unchanged, with nothing stored on the way."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from test_best_batch import ASKED, fill, workloads
 
 from compiler.templates import get_template
 from schemas import Config, MeasureErrorNo, MeasureResult, Record, Target
+from schemas.api import LeaseAnswer
 from tuner_server.api import hot
 from tuner_server.db.models import RecordRow
 from tuner_server.db.session import make_engine, session_factory
@@ -45,7 +47,7 @@ class Api:
         self.client = TestClient(self.app)
         self.short: list[bool] = []  # per request that reached a shortcut: it answered
         self.shortcut = True  # False: the shortcuts step aside, as if they refused
-        for name in ("_best", "_results"):
+        for name in ("_best", "_lease", "_results"):
             monkeypatch.setattr(hot, name, self._spy(getattr(hot, name)))
 
     def _spy(self, real: Callable[..., Any]) -> Callable[..., Any]:
@@ -55,8 +57,8 @@ class Api:
                 self.short.append(False)
                 return None
 
-            def answer() -> bytes | None:
-                got = made()
+            async def answer() -> bytes | None:
+                got = await made()
                 self.short.append(got is not None)
                 return got
 
@@ -135,7 +137,7 @@ def test_other_requests_reach_the_route(api: Api) -> None:
     ]
     for body, token, raw, status in cases:
         got = api.post(body, token, raw=raw)
-        assert got[2] is False, (body, raw)
+        assert got[2] is False, (body, token, raw, got)
         assert got[0] == status, (body, raw, got)
         assert "detail" in got[1].decode()
 
@@ -234,3 +236,37 @@ def test_results_take_the_shortcut_and_refusals_reach_the_route(api: Api) -> Non
     assert _records(api) == before + 4  # the 409's good trial was not stored either
     assert api.post(body(trials[4:]), api.tokens["admin"], path=path)[::2] == (200, True)
     assert _records(api) == before + 6
+
+
+def test_leases_take_the_shortcut_and_refusals_reach_the_route(api: Api) -> None:
+    """A worker's lease: answered by the shortcut (a contract-valid LeaseAnswer, the
+    same JSON as the route's when both find nothing), every refusal the route's, with
+    nothing leased on the way."""
+    worker_id, own, held = _leased(api, 2)
+    path = f"/api/v1/workers/{worker_id}/lease"
+    empty = {"max_trials": 4, "wait_s": 0}
+    routed = api.post(empty, own, path=path, shortcut=False)
+    short = api.post(empty, own, path=path, cached=False)
+    assert routed[0] == short[0] == 200 and (routed[2], short[2]) == (False, True)
+    assert json.loads(routed[1]) == json.loads(short[1]) == {
+        "trials": [], "lease_seconds": api.app.state.settings.lease_seconds}
+    api.client.post("/api/v1/jobs", headers={"Authorization": f"Bearer {api.tokens['admin']}"},
+                    json={"target": "opencl -model=pocl-cpu", "n_trial": 3, "plan_size": 3,
+                          "tasks": [{"template": "conv2d_nchw.cuda", "args": CONV_ARGS}]})
+    api.app.state.scheduler.run_pass()
+    other = api.client.post("/api/v1/workers", json={"name": "x", "target": "opencl"},
+                            headers={"Authorization": f"Bearer {api.tokens['worker']}"})
+    for sent, token, where, status in [
+            (empty, None, path, 401),
+            (empty, other.json()["token"], path, 403),
+            (empty, api.tokens["client"], path, 403),
+            (empty, api.tokens["admin"], "/api/v1/workers/99999/lease", 404),
+            ({"max_trials": 0, "wait_s": 0}, own, path, 422),
+            ({"wait_s": "soon"}, own, path, 422)]:
+        got = api.post(sent, token, path=where)
+        assert got[0] == status and not got[2], (where, status, got)
+        assert b"detail" in got[1]
+    got = api.post({"max_trials": 5, "wait_s": 0}, own, path=path)
+    assert got[0] == 200 and got[2]
+    leased = LeaseAnswer.model_validate_json(got[1])
+    assert len(leased.trials) == 3 and not {t.trial_id for t in leased.trials} & set(held)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
@@ -101,18 +101,23 @@ async def lease(worker_id: PathId, body: LeaseRequest, request: Request,
     again only when woken (trials pushed or returned there, in this process or another)
     or ends empty at its deadline. It parks before each attempt, so a wake landing
     during the attempt is kept."""
-    app = request.app
-    hub = app.state.queue.hub
+    return await lease_trials(request.app.state, worker_id, body)
+
+
+async def lease_trials(state: State, worker_id: int, body: LeaseRequest) -> LeaseAnswer:
+    """The lease route's work (``api.hot`` answers most calls with it too); raises
+    HTTPException, with nothing leased, for an unknown worker or a refused lease."""
+    hub = state.queue.hub
     deadline = time.monotonic() + body.wait_s
     queues = hub.queues_of(worker_id)
     while True:
-        waiter = (hub.register(queues, body.max_trials, app.state.sessions)
+        waiter = (hub.register(queues, body.max_trials, state.sessions)
                   if queues is not None and body.wait_s > 0 else None)
         try:
             # the database work runs in a thread: the event loop keeps serving others.
             # The pool the sync routes use (40 threads), not asyncio's default (cores + 4
             # = 6 here): behind 6 threads leases queued for seconds while reports passed.
-            trials, queues = await run_in_threadpool(_lease_once, app, worker_id,
+            trials, queues = await run_in_threadpool(_lease_once, state, worker_id,
                                                      body.max_trials)
             hub.remember(worker_id, queues)
             left = deadline - time.monotonic()
@@ -125,22 +130,22 @@ async def lease(worker_id: PathId, body: LeaseRequest, request: Request,
             if waiter is not None:
                 hub.unregister(waiter)
         # the worker paces its heartbeats by this
-        return LeaseAnswer(trials=trials, lease_seconds=app.state.settings.lease_seconds)
+        return LeaseAnswer(trials=trials, lease_seconds=state.settings.lease_seconds)
 
 
-def _lease_once(app: FastAPI, worker_id: int, max_trials: int
+def _lease_once(state: State, worker_id: int, max_trials: int
                 ) -> tuple[list[LeasedTrial], tuple[str, ...]]:
     """One lease attempt in a session of its own: (trials leased, queues the worker
     serves)."""
-    with app.state.sessions() as session:
+    with state.sessions() as session:
         worker = _worker(session, worker_id)
         with _refusals():
-            trials, failed = dispatch.lease(session, app.state.queue, worker, max_trials,
-                                            app.state.settings.lease_seconds)
+            trials, failed = dispatch.lease(session, state.queue, worker, max_trials,
+                                            state.settings.lease_seconds)
             queues = dispatch.served_queues(worker)  # parsed above, cached
         session.commit()
-    app.state.queue.finished(failed)
-    app.state.metrics.leased(len(trials))
+    state.queue.finished(failed)
+    state.metrics.leased(len(trials))
     return trials, queues
 
 
