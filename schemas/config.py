@@ -106,15 +106,10 @@ class Config(Frozen):
         return (self.index, self.code_hash,
                 tuple((item.name, item.kind, item.value) for item in self.entity))
 
-    @cached_property
-    def _hash(self) -> int:
-        return hash(self._identity)
-
     def __hash__(self) -> int:
-        # the fields' own hash walks every knob model each time, and a tuple's hash is
-        # not kept either; a config is hashed on every look-up of the rule's verdict
-        # cache (``history._problem``)
-        return self._hash
+        # the fields' own hash walks every knob model each time; a config is hashed on
+        # every look-up of the rule's verdict cache (``history._problem``)
+        return hash(self._identity)
 
     def knob(self, name: str) -> Any:
         for item in self.entity:

@@ -12,12 +12,14 @@ from typing import Any
 import psycopg
 import pytest
 from server_fixtures import PG_ADMIN_DSN, make_tokens, migrate, postgres_database
-from sqlalchemy import event, text
+from sqlalchemy import event, func, select, text
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 from test_best_batch import fill, workloads
 
 from schemas import Target
 from tuner_server.db.session import make_engine, reader_engine, session_factory
+from tuner_server.middleware import error_answer
 from tuner_server.services import records as svc
 
 LIMITS = {"max_threads_per_block": 256, "max_thread_x": 256, "max_thread_y": 256,
@@ -168,3 +170,21 @@ def test_reader_plans_each_statement_for_its_values() -> None:
             reader.dispose()
             engine.dispose()
     assert custom >= 8 * 2 and generic == 0
+
+
+def test_a_lookup_query_that_fails_is_a_database_error() -> None:
+    """A few workloads' lookup runs on the driver's cursor (``records._run``): a driver
+    error comes out as SQLAlchemy's, which Guard answers as an outage (503, retried),
+    not as a bug (500)."""
+    with postgres_database() as url:
+        migrate(url)
+        engine = make_engine(url)
+        try:
+            with session_factory(engine)() as session:
+                session.execute(text("SET statement_timeout = 1"))
+                slow = select(func.pg_sleep(0.5)).compile(dialect=engine.dialect)
+                with pytest.raises(sa_exc.OperationalError) as caught:
+                    svc._run(session, slow, {})
+        finally:
+            engine.dispose()
+    assert error_answer(caught.value)[0] == 503

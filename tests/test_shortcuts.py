@@ -57,7 +57,7 @@ class Api:
                 self.short.append(False)
                 return None
 
-            async def answer() -> bytes | None:
+            async def answer() -> Any:
                 got = await made()
                 self.short.append(got is not None)
                 return got
@@ -135,6 +135,11 @@ def test_other_requests_reach_the_route(api: Api) -> None:
         ({**good, "target": 5}, client, None, 422),
         (None, client, b"{not json", 422),
     ]
+    # a body FastAPI would not read as JSON is the route's to refuse
+    api.short.clear()
+    plain = api.client.post(PATH, content=json.dumps(good), headers={
+        "Authorization": f"Bearer {client}", "content-type": "text/plain"})
+    assert plain.status_code == 422 and api.short == []
     for body, token, raw, status in cases:
         got = api.post(body, token, raw=raw)
         assert got[2] is False, (body, token, raw, got)
@@ -197,10 +202,23 @@ def _records(api: Api) -> int:
         return session.scalar(select(func.count()).select_from(RecordRow)) or 0
 
 
+def _refusals_are_the_routes(api: Api, cases: list[tuple[Any, str | None, str, int]]
+                             ) -> None:
+    """Each case refused with ``status`` and the route's very answer: 401, 403 and 422
+    by the route itself (the shortcut steps aside), 404 and 409 by the shortcut in the
+    route's words (its service call refused)."""
+    for sent, token, where, status in cases:
+        got = api.post(sent, token, path=where)
+        routed = api.post(sent, token, path=where, shortcut=False)
+        assert got[:2] == routed[:2] and got[0] == status, (where, status, got, routed)
+        assert got[2] is (status in (404, 409)), (where, status)
+        assert b"detail" in got[1]
+
+
 def test_results_take_the_shortcut_and_refusals_reach_the_route(api: Api) -> None:
     """A worker's results: stored by the shortcut (token cached or not), a repeat
     answered alike by the route and the shortcut; every refusal (401, 403, 404, 409,
-    422) the route's, with nothing stored."""
+    422) the route's answer, with nothing stored."""
     worker_id, own, trials = _leased(api, 6)
     path = f"/api/v1/workers/{worker_id}/results"
     result = MeasureResult(costs=(2e-5,), error_no=MeasureErrorNo.NO_ERROR, all_cost=0.1,
@@ -229,10 +247,7 @@ def test_results_take_the_shortcut_and_refusals_reach_the_route(api: Api) -> Non
         ({"results": [{"trial_id": trials[4]}]}, own, path, 422),
         (body(trials[4:]), own, "/api/v1/workers/0/results", 422),
     ]
-    for sent, token, where, status in refusals:
-        got = api.post(sent, token, path=where)
-        assert got[0] == status and not got[2], (where, status, got)
-        assert b"detail" in got[1]
+    _refusals_are_the_routes(api, refusals)
     assert _records(api) == before + 4  # the 409's good trial was not stored either
     assert api.post(body(trials[4:]), api.tokens["admin"], path=path)[::2] == (200, True)
     assert _records(api) == before + 6
@@ -240,8 +255,8 @@ def test_results_take_the_shortcut_and_refusals_reach_the_route(api: Api) -> Non
 
 def test_leases_take_the_shortcut_and_refusals_reach_the_route(api: Api) -> None:
     """A worker's lease: answered by the shortcut (a contract-valid LeaseAnswer, the
-    same JSON as the route's when both find nothing), every refusal the route's, with
-    nothing leased on the way."""
+    same JSON as the route's when both find nothing), every refusal the route's answer,
+    with nothing leased on the way."""
     worker_id, own, held = _leased(api, 2)
     path = f"/api/v1/workers/{worker_id}/lease"
     empty = {"max_trials": 4, "wait_s": 0}
@@ -256,16 +271,13 @@ def test_leases_take_the_shortcut_and_refusals_reach_the_route(api: Api) -> None
     api.app.state.scheduler.run_pass()
     other = api.client.post("/api/v1/workers", json={"name": "x", "target": "opencl"},
                             headers={"Authorization": f"Bearer {api.tokens['worker']}"})
-    for sent, token, where, status in [
-            (empty, None, path, 401),
-            (empty, other.json()["token"], path, 403),
-            (empty, api.tokens["client"], path, 403),
-            (empty, api.tokens["admin"], "/api/v1/workers/99999/lease", 404),
-            ({"max_trials": 0, "wait_s": 0}, own, path, 422),
-            ({"wait_s": "soon"}, own, path, 422)]:
-        got = api.post(sent, token, path=where)
-        assert got[0] == status and not got[2], (where, status, got)
-        assert b"detail" in got[1]
+    _refusals_are_the_routes(api, [
+        (empty, None, path, 401),
+        (empty, other.json()["token"], path, 403),
+        (empty, api.tokens["client"], path, 403),
+        (empty, api.tokens["admin"], "/api/v1/workers/99999/lease", 404),
+        ({"max_trials": 0, "wait_s": 0}, own, path, 422),
+        ({"wait_s": "soon"}, own, path, 422)])
     got = api.post({"max_trials": 5, "wait_s": 0}, own, path=path)
     assert got[0] == 200 and got[2]
     leased = LeaseAnswer.model_validate_json(got[1])

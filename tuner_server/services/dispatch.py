@@ -252,7 +252,8 @@ def _store(session: Session, outcomes: list[Outcome]) -> bool:
     would leave them: the first of equal costs is the best. A verification trial's
     record is marked with its config (``verified_config``) and counts in no counter: the
     budget, the best cost and early stopping are the search's. Raises ValueError
-    (nothing stored) when a trial's task row does not decode into a record."""
+    (nothing stored) when a trial's task row does not decode into a workload; a trial's
+    config goes into the line as the scheduler stored it (``ConfigSpace.configs_json``)."""
     # each task's workload and each target parsed once a report, not once a trial
     workloads = {t.id: Workload(template=t.template, args=t.args) for t in session.scalars(
         select(TaskRow).where(TaskRow.id.in_(sorted({t.task_id for t, *_ in outcomes}))))}
@@ -402,7 +403,7 @@ def _fail_lost(session: Session, trial: TrialRow, lost: int) -> bool:
             continue
         try:
             return _store(session, [(trial, result, target, None)])
-        except ValueError as err:  # its task or config does not decode
+        except ValueError as err:  # its task does not decode
             why = str(err)[:200]
             break
     log.error("trial %s lost %s workers; its failure cannot be recorded: %s",

@@ -31,6 +31,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Compiled, Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, aliased
 
 from compiler.templates import UnknownTemplateError, get_template
@@ -619,10 +620,7 @@ def _few_query(dialect: Dialect, model: bool, n_keys: int, n_workloads: int) -> 
 def _few_candidates(session: Session, keys: Sequence[str], target: Target,
                     lines: _Lines) -> dict[str, list[Stored[int]]]:
     """``_candidates`` of both tiers for up to FEW_WORKLOADS workloads, every candidate's
-    line read into ``lines`` by the same query (one round trip). The compiled query goes
-    to the driver's cursor as is: SQLAlchemy's statement execution and result objects
-    cost a single lookup more than the database's answer (the values are plain text and
-    numbers, which need no conversion either way)."""
+    line read into ``lines`` by the same query (one round trip, ``_run``)."""
     dialect = session.get_bind().dialect
     model = target.model != "unknown"
     params: dict[str, Any] = ({"keys": "\n".join(keys)} if dialect.name == "postgresql"
@@ -630,17 +628,34 @@ def _few_candidates(session: Session, keys: Sequence[str], target: Target,
     if model:
         params.update(kind=target.kind, model=target.model)
     params.update((f"key{i}", _like_pattern(k)) for i, k in enumerate(target.keys))
-    compiled = _few_query(dialect, model, len(target.keys), len(keys))
+    rows = _run(session, _few_query(dialect, model, len(target.keys),
+                                    0 if dialect.name == "postgresql" else len(keys)), params)
+    lines.texts.update((row[0], row[-1]) for row in rows)
+    return _stored(row[:-1] for row in rows)
+
+
+def _run(session: Session, compiled: Compiled, params: dict[str, Any]) -> list[Any]:
+    """``compiled`` with ``params`` on the driver's cursor as is: SQLAlchemy's statement
+    execution and result objects cost a single lookup more than the database's answer
+    (the values are plain text and numbers, which need no conversion either way)."""
     values = compiled.construct_params(params)
-    cursor = session.connection().connection.cursor()
+    connection = session.connection()
+    dialect, dbapi = connection.dialect, connection.connection
+    cursor = dbapi.cursor()
     try:
         cursor.execute(compiled.string, tuple(values[name] for name in compiled.positiontup)
                        if compiled.positional else values)
-        rows = cursor.fetchall()
+        return cursor.fetchall()
+    except dialect.loaded_dbapi.Error as err:
+        # as SQLAlchemy would raise it (an outage answers 503, not 500), the connection
+        # dropped from the pool when it is gone
+        gone = dialect.is_disconnect(err, dbapi.dbapi_connection, cursor)
+        if gone:
+            connection.invalidate(err)
+        raise DBAPIError.instance(compiled.string, values, err, dialect.loaded_dbapi.Error,
+                                  connection_invalidated=gone, dialect=dialect) from err
     finally:
         cursor.close()
-    lines.texts.update((row[0], row[-1]) for row in rows)
-    return _stored(row[:-1] for row in rows)
 
 
 @gc_paused()
