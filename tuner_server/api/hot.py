@@ -74,9 +74,9 @@ def _info(state: State, token: str, session: Session | None = None) -> TokenInfo
     return info if isinstance(info, TokenInfo) else None
 
 
-def _own(worker_id: int) -> Callable[[TokenInfo | None], bool]:
+def _own(worker_id: int) -> Callable[[object], bool]:
     """``require_worker_self``: an admin's token, or the one this worker was given."""
-    return lambda info: info is not None and (
+    return lambda info: isinstance(info, TokenInfo) and (
         info.role == "admin" or (info.role == "worker" and info.worker_id == worker_id))
 
 
@@ -151,9 +151,12 @@ def _lease(state: State, scope: Scope, token: str | None, body: bytes, worker_id
         return None
 
     async def answer() -> Response | None:
-        if token is not None and not _own(worker_id)(
-                await run_in_threadpool(_info, state, token)):
-            return None
+        if token is not None:
+            info = state.tokens.cached(token)
+            if info is MISS:  # I/O: in a thread
+                info = await run_in_threadpool(_info, state, token)
+            if not _own(worker_id)(info):
+                return None
         try:
             return _json(await lease_trials(state, worker_id, request))
         except HTTPException as err:
