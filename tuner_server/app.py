@@ -9,7 +9,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import fastapi_offline
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import (
@@ -17,7 +16,6 @@ from fastapi.responses import (
     HTMLResponse,
     JSONResponse,
     PlainTextResponse,
-    Response,
 )
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy import func, select, text
@@ -36,7 +34,7 @@ from tuner_server.db.session import (
     session_factory,
 )
 from tuner_server.gc_pause import freeze_startup
-from tuner_server.middleware import MAX_DETAIL_CHARS, Guard, outage_reason
+from tuner_server.middleware import MAX_DETAIL_CHARS, Guard, outage_reason, refusal
 from tuner_server.queue import QueueUnavailable, make_queue
 from tuner_server.services.dispatch import workers_alive
 from tuner_server.services.metrics import METRICS_CONTENT_TYPE, Metrics
@@ -133,13 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"detail": one_line("; ".join(problems), MAX_DETAIL_CHARS)},
                             status_code=422)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        # every route's refusal, whatever it quotes, stays one bounded line
-        if isinstance(exc.detail, str):
-            exc = StarletteHTTPException(exc.status_code, one_line(exc.detail, MAX_DETAIL_CHARS),
-                                         exc.headers)
-        return await http_exception_handler(request, exc)
+    app.add_exception_handler(StarletteHTTPException, refusal)
 
     # The dashboard: the page and its assets carry no data, so they need no token; the
     # API calls it makes do. A token an old /?token= link carries stays out of the log.

@@ -8,8 +8,11 @@ from collections.abc import Collection
 from contextlib import nullcontext
 
 import redis
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy import exc as sa_exc
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schemas.text import one_line
@@ -52,6 +55,15 @@ def error_answer(err: BaseException) -> tuple[int, str]:
             return 503, f"queue unavailable: {outage_reason(seen)}"
         seen = seen.__cause__ or seen.__context__
     return 500, f"internal error: {type(err).__name__}; see the server log"
+
+
+async def refusal(request: Request, exc: StarletteHTTPException) -> Response:
+    """A refusal (``HTTPException``) as every route's is answered: its detail one bounded
+    line, whatever it quotes (the app's handler, and ``api.hot``'s refusals)."""
+    if isinstance(exc.detail, str):
+        exc = StarletteHTTPException(exc.status_code, one_line(exc.detail, MAX_DETAIL_CHARS),
+                                     exc.headers)
+    return await http_exception_handler(request, exc)
 
 
 def replayed(body: bytes, receive: Receive) -> Receive:

@@ -20,23 +20,20 @@ import re
 from collections.abc import Awaitable, Callable
 
 from fastapi import HTTPException
-from fastapi.exception_handlers import http_exception_handler
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import State
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas import Target
 from schemas.api import MAX_ID, BestRequest, LeaseRequest, Results, ResultsAccepted
-from schemas.text import one_line
 from tuner_server.api.records import BEST_PATH, BEST_ROLES
 from tuner_server.api.workers import lease_trials, store_results
 from tuner_server.api.workers import router as workers_router
-from tuner_server.middleware import MAX_DETAIL_CHARS, replayed
+from tuner_server.middleware import refusal, replayed
 from tuner_server.services import records as svc
 from tuner_server.services.tokens import MISS, TokenInfo
 
@@ -85,12 +82,6 @@ def _json(answer: BaseModel | bytes) -> Response:
                     media_type="application/json")
 
 
-async def _refused(scope: Scope, err: HTTPException) -> Response:
-    """A refusal as the app's handler words it (``app._http_error``)."""
-    return await http_exception_handler(Request(scope), StarletteHTTPException(
-        err.status_code, one_line(str(err.detail), MAX_DETAIL_CHARS), err.headers))
-
-
 def _best(state: State, scope: Scope, token: str | None, body: bytes) -> Answer | None:
     """records/best's answer, or None where the route answers."""
     try:
@@ -134,7 +125,7 @@ def _results(state: State, scope: Scope, token: str | None, body: bytes, worker_
     async def answer() -> Response | None:
         done = await run_in_threadpool(work)
         if isinstance(done, HTTPException):
-            return await _refused(scope, done)
+            return await refusal(Request(scope), done)
         return None if done is None else _json(done)
 
     return answer
@@ -160,7 +151,7 @@ def _lease(state: State, scope: Scope, token: str | None, body: bytes, worker_id
         try:
             return _json(await lease_trials(state, worker_id, request))
         except HTTPException as err:
-            return await _refused(scope, err)
+            return await refusal(Request(scope), err)
 
     return answer
 
