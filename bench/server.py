@@ -101,7 +101,15 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 
 UVICORN_WORKERS = [0]  # --uvicorn-workers
 TARGET_TRIALS_PER_S = 2000.0  # the issue's targets, PostgreSQL + Redis
-TARGET_BEST_P99_MS = 5.0
+# best-lookup p99 by the records stored: <= 5 ms at 100,000, <= 10 ms at 1,000,000
+TARGET_BEST_P99_MS = {100_000: 5.0, 1_000_000: 10.0}
+
+
+def best_target_ms(n_records: int) -> float:
+    """The issue's p99 bound for a lookup over ``n_records`` (the nearest size it names at
+    or above, the largest past them)."""
+    sizes = sorted(TARGET_BEST_P99_MS)
+    return TARGET_BEST_P99_MS[next((n for n in sizes if n_records <= n), sizes[-1])]
 
 JOB_TARGET = "opencl -model=pocl-cpu"
 TEMPLATE = "conv2d_nchw.cuda"
@@ -440,9 +448,11 @@ def fill_records(url: str, n_records: int, n_workloads: int, seed: int = 0,
         session.commit()
         count = session.scalar(select(func.count()).select_from(RecordRow))
     if engine.dialect.name == "postgresql":
-        with engine.connect() as conn:
-            conn.exec_driver_sql("ANALYZE records")
-            conn.commit()
+        # as autovacuum leaves a table in service: statistics, and the visibility map
+        # that lets a lookup read its candidates from the index alone (a table loaded in
+        # one go has none until autovacuum comes round)
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM ANALYZE records")
     engine.dispose()
     return {"inserted": done, "count": count, "seconds": time.time() - t0,
             "workloads": [w.args_json() for w in workloads]}
@@ -805,9 +815,9 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             print(f"PostgreSQL + Redis trials recorded/s {v:.0f} vs >= "
                   f"{TARGET_TRIALS_PER_S:.0f}: {verdict(v, TARGET_TRIALS_PER_S, True, '/s')}")
         if pg.get("best"):
-            v = pg["best"]["p99"]
-            print(f"PostgreSQL + Redis best-lookup p99 {v:.2f} ms vs <= "
-                  f"{TARGET_BEST_P99_MS:g} ms: {verdict(v, TARGET_BEST_P99_MS, False, ' ms')}")
+            v, bound = pg["best"]["p99"], best_target_ms(pg["best"]["records"])
+            print(f"PostgreSQL + Redis best-lookup p99 {v:.2f} ms at {pg['best']['records']:,} "
+                  f"records vs <= {bound:g} ms: {verdict(v, bound, False, ' ms')}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 from server_fixtures import BACKENDS, migrated_sessions
-from sqlalchemy import delete, event, func, select
+from sqlalchemy import delete, event, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from compiler.records.choose import DEFAULT, THIS_DEVICE, choose_one
+from compiler.records.source import Candidate
 from compiler.templates import ConfigError, get_template, register_template
 from schemas import Config, MeasureErrorNo, MeasureResult, Record, Target, Workload
 from schemas.api import BestResponse
@@ -115,6 +117,71 @@ def test_batch_answers_as_one_at_a_time(sessions: sessionmaker[Session], leading
         rules = {a.rule for text in ASKED[:2]
                  for a in svc.best(session, asked, Target.parse(text))}
     assert {"model", "none", "target_key:cuda"} <= rules
+
+
+def fill_deep(session: Session, asked: list[Workload], seed: int = 0) -> None:
+    """Many records a workload on every device (as a fleet's long searches leave), the
+    cheapest often another workload's config, and on h200 verification rounds (some
+    failed, some of an alien config): a lookup that reads each group's leaders must
+    reach past a group's cut to the candidates it did not read."""
+    rng = random.Random(seed)
+    template = get_template(TEMPLATE)
+    rows: list[dict[str, Any]] = []
+
+    def add(target: str, w: Workload, config: Config, cost: float | None,
+            source: str = "measured", verified: int | None = None) -> None:
+        result = MeasureResult(
+            costs=(1e9,) if cost is None else (cost,),
+            error_no=MeasureErrorNo.RUNTIME_DEVICE if cost is None else MeasureErrorNo.NO_ERROR,
+            all_cost=0.1, timestamp=1.7e9 + len(rows))
+        record = Record(target=Target.parse(target), workload=w, config=config, result=result)
+        rows.append(svc.record_row(record, source, verified))
+
+    for i, w in enumerate(asked):
+        space = template.space(w)
+        own = [space.sample(rng) for _ in range(4)]
+        alien = template.space(asked[(i + 1) % len(asked)]).sample(rng)
+        for target in RECORD_TARGETS:
+            for _ in range(rng.randint(0, 12)):
+                stranger = rng.random() < 0.4
+                add(target, w, alien if stranger else rng.choice(own),
+                    None if rng.random() < 0.15 else
+                    1e-6 * rng.randint(1, 3) if stranger else rng.choice([1e-4, 2e-4, 3e-4]),
+                    "imported" if rng.random() < 0.3 else "measured")
+        if i % 2:
+            for config in rng.sample([*own, alien], 3):
+                for _ in range(3):
+                    add(RECORD_TARGETS[0], w, config,
+                        None if rng.random() < 0.3 else rng.choice([5e-5, 1e-4]),
+                        verified=config.index)
+    session.execute(insert(RecordRow), rows)
+
+
+@pytest.mark.parametrize("leading", [1, svc.LEADING])
+def test_few_workloads_answer_as_the_rule_over_every_record(
+        sessions: sessionmaker[Session], leading: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup of a few workloads reads each group's first ``leading`` + 1 candidates
+    (this device's verification rows whole); its answers are the rule's over every
+    stored record (the compiler's ``choose_one`` over ``stored_of``), alone and together."""
+    monkeypatch.setattr(svc, "LEADING", leading)
+    asked = workloads(10)
+    with sessions.begin() as session:
+        fill_deep(session, asked)
+    for text in [*ASKED, "cuda", "rocm -model=mi300x"]:
+        target = Target.parse(text)
+        expected = []
+        with sessions() as session:
+            for w in asked:
+                choice = choose_one(w, [Candidate(r, "db", measured, verified) for r, measured,
+                                        verified in svc.stored_of(session, [w])], target, None)
+                rule = ("none" if choice.source == DEFAULT else "model"
+                        if choice.source == THIS_DEVICE else f"target_key:{choice.key}")
+                expected.append((rule, None if choice.record is None
+                                 else choice.record.to_json()))
+        with sessions() as session:
+            assert [(a.rule, a.line) for w in asked
+                    for a in svc.best(session, [w], target)] == expected, text
+            assert answers(svc.best(session, asked, target)) == expected, text
 
 
 def test_queries_do_not_grow_with_the_batch(sessions: sessionmaker[Session]) -> None:

@@ -81,8 +81,11 @@ class RecordRow(Base):
     verified_config: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     __table_args__ = (
-        # best lookup: walk one workload's good records cheapest first
-        Index("ix_records_best", "workload_key", "error_no", "mean_cost", "id"),
+        # best lookup: walk one workload's good records cheapest first; on PostgreSQL
+        # with what the rule ranks by, so a lookup reads its candidates from the index
+        Index("ix_records_best", "workload_key", "error_no", "mean_cost", "id",
+              postgresql_include=["target_kind", "target_model", "target_keys", "target",
+                                  "source", "verified_config"]),
         # best per (kind, model, workload) (pretuned log, dashboard) from the index alone
         Index("ix_records_groups", "error_no", "target_kind", "target_model", "workload_key",
               "mean_cost", "template"),

@@ -501,8 +501,9 @@ def _candidates(session: Session, keys: Sequence[str], tier: Any
     return out
 
 
-# Other devices' candidates a batch reads per workload: the rule's first usually wins; a
-# workload none of whose leaders passes the check, and that has more, is read in full.
+# Candidates read per workload and group of the rule's order (a batch: other devices'
+# by key; a few workloads: every group), the rule's first usually winning; a workload
+# none of whose leaders passes the check, and that has more, is read in full.
 LEADING = 2
 
 
@@ -596,12 +597,11 @@ def _like_pattern(key: str) -> str:
     return f"%,{escaped},%"
 
 
-@lru_cache(maxsize=256)
-def _few_query(dialect: Dialect, model: bool, n_keys: int, n_workloads: int) -> Compiled:
-    """The query of ``n_workloads`` workloads' candidates in both tiers, with their
-    lines (``best``), compiled once per shape: its values go as parameters (``keys`` on
-    PostgreSQL, ``w0``... elsewhere; ``kind``, ``model``, ``key0``...), so a single
-    lookup builds and compiles no SQL (a third of its time in process did)."""
+def _few_clauses(dialect: Dialect, model: bool, n_keys: int, n_workloads: int
+                 ) -> tuple[Any, list[Any]]:
+    """(the workloads' clause, the tiers' clauses, this device's first when ``model``) of
+    the few-workload queries, their values as parameters (``keys`` on PostgreSQL,
+    ``w0``... elsewhere; ``kind``, ``model``, ``key0``...)."""
     if dialect.name == "postgresql":  # one text parameter, split in SQL (``_among``)
         among = RecordRow.workload_key == any_(func.string_to_array(
             bindparam("keys", type_=Text), "\n", type_=ARRAY(Text)))
@@ -612,15 +612,62 @@ def _few_query(dialect: Dialect, model: bool, n_keys: int, n_workloads: int) -> 
     if model:  # ``best``'s "here": no index of these columns, compared as ``column || ''``
         tiers.insert(0, and_(RecordRow.target_kind.concat("") == bindparam("kind"),
                              RecordRow.target_model.concat("") == bindparam("model")))
+    return among, tiers
+
+
+@lru_cache(maxsize=256)
+def _few_query(dialect: Dialect, model: bool, n_keys: int, n_workloads: int) -> Compiled:
+    """Every candidate of ``n_workloads`` workloads in both tiers, with its line, compiled
+    once per shape (``_few_clauses``), so a lookup builds and compiles no SQL (a third
+    of its time in process did)."""
+    among, tiers = _few_clauses(dialect, model, n_keys, n_workloads)
     query = (select(*_STORED, cast(RecordRow.line, Text))
              .where(among, _RANKED, or_(*tiers)).order_by(RecordRow.id))
     return query.compile(dialect=dialect)
 
 
-def _few_candidates(session: Session, keys: Sequence[str], target: Target,
-                    lines: _Lines) -> dict[str, list[Stored[int]]]:
-    """``_candidates`` of both tiers for up to FEW_WORKLOADS workloads, every candidate's
-    line read into ``lines`` by the same query (one round trip, ``_run``)."""
+@lru_cache(maxsize=256)
+def _leaders_query(dialect: Dialect, model: bool, n_keys: int, n_workloads: int,
+                   leading: int) -> Compiled:
+    """``_few_query``'s candidates cut to each group's first ``leading`` + 1 in the rule's
+    order, lines read for those only: a workload of 1,000 records has ~600 candidates,
+    of which the rule tries the first. The groups are the runs ``history.rank`` orders
+    by cost: this device's measurements, its imports, each target key's tier (an entry
+    under the first key it shares); this device's verification rows come whole (the
+    rule ranks them by median). ``at`` numbers a row in its group (0: verification)."""
+    among, tiers = _few_clauses(dialect, model, n_keys, n_workloads)
+    usable = and_(RecordRow.error_no == 0, RecordRow.mean_cost > 0,
+                  RecordRow.mean_cost < FAILED_COST)
+    places = [(and_(usable, tier), 3 + i)
+              for i, tier in enumerate(tiers[1:] if model else tiers)]
+    if model:  # the columns as they are: no index to keep the planner off here
+        here = and_(RecordRow.target_kind == bindparam("kind"),
+                    RecordRow.target_model == bindparam("model"))
+        places[:0] = [(and_(here, RecordRow.verified_config.is_not(None)), 0),
+                      (and_(here, usable, RecordRow.source == "measured"), 1),
+                      (and_(here, usable), 2)]
+    # a row of no group (unusable, not this device's verification) is left out
+    found = select(*_STORED, case(*places).label("grp")).where(
+        among, _RANKED, or_(*tiers)).subquery()
+    at = case((found.c.grp == 0, 0), else_=func.row_number().over(
+        partition_by=(found.c.workload_key, found.c.grp),
+        order_by=(found.c.mean_cost, found.c.id)))
+    numbered = select(found, at.label("at")).subquery()
+    query = (select(*[numbered.c[column.key] for column in _STORED], numbered.c.at,
+                    cast(RecordRow.line, Text))
+             .join_from(numbered, RecordRow, RecordRow.id == numbered.c.id)
+             .where(numbered.c.grp.is_not(None), numbered.c.at <= leading + 1)
+             .order_by(numbered.c.id))
+    return query.compile(dialect=dialect)
+
+
+def _few_candidates(session: Session, keys: Sequence[str], target: Target, lines: _Lines,
+                    leading: int | None = None
+                    ) -> tuple[dict[str, list[Stored[int]]], dict[int, str]]:
+    """``_candidates`` of both tiers for up to FEW_WORKLOADS workloads, with their lines
+    (into ``lines``), in one query (``_run``): every candidate, or (``leading``) each
+    group's first ``leading`` + 1 (``_leaders_query``); and the last row read of each
+    group that may have more (a cut: its id -> its workload key), the second case."""
     dialect = session.get_bind().dialect
     model = target.model != "unknown"
     params: dict[str, Any] = ({"keys": "\n".join(keys)} if dialect.name == "postgresql"
@@ -628,10 +675,25 @@ def _few_candidates(session: Session, keys: Sequence[str], target: Target,
     if model:
         params.update(kind=target.kind, model=target.model)
     params.update((f"key{i}", _like_pattern(k)) for i, k in enumerate(target.keys))
-    rows = _run(session, _few_query(dialect, model, len(target.keys),
-                                    0 if dialect.name == "postgresql" else len(keys)), params)
+    shape = (dialect, model, len(target.keys), 0 if dialect.name == "postgresql" else len(keys))
+    if leading is None:
+        rows = _run(session, _few_query(*shape), params)
+        cuts: dict[int, str] = {}
+    else:
+        rows = _run(session, _leaders_query(*shape, leading), params)
+        cuts = {row[0]: row[1] for row in rows if row[-2] > leading}
+        rows = [(*row[:-2], row[-1]) for row in rows]
     lines.texts.update((row[0], row[-1]) for row in rows)
-    return _stored(row[:-1] for row in rows)
+    return _stored(row[:-1] for row in rows), cuts
+
+
+def _through_cut(ranked: list[Ranked[int]], cuts: dict[int, str]) -> list[Ranked[int]]:
+    """``ranked`` up to its first cut (``_few_candidates``), included: past it the rule
+    would try candidates that were not read."""
+    for at, candidate in enumerate(ranked):
+        if candidate.item in cuts:
+            return ranked[:at + 1]
+    return ranked
 
 
 def _run(session: Session, compiled: Compiled, params: dict[str, Any]) -> list[Any]:
@@ -669,21 +731,29 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
 
     A batch costs one query per tier, not per workload: this device's candidates (ids,
     targets, costs) of every workload asked, then the other devices' of those still
-    without a winner (up to FEW_WORKLOADS workloads: both tiers in one query); the lines
-    are read in rounds shared by all workloads, only as far as each winner
-    (``_pick_all``)."""
+    without a winner; the lines are read in rounds shared by all workloads, only as far
+    as each winner (``_pick_all``). Up to FEW_WORKLOADS workloads, one query reads
+    each group's leaders in both tiers with their lines (``_leaders_query``)."""
     keys = [w.key for w in workloads]  # a key is computed each time: once here
     asked = dict(zip(keys, workloads))  # one workload per key (one key's are alike)
     lines = _Lines(session)
     winners: dict[str, Ranked[int]] = {}
     if len(asked) <= FEW_WORKLOADS:
-        # a few workloads (a build asking layer by layer): both tiers and their lines in
-        # one query, two round trips fewer; reading the other devices' few rows and the
-        # lines of the candidates that will not win costs less
+        # a few workloads (a build asking layer by layer): both tiers' leaders and their
+        # lines in one query, two round trips fewer; the leaders of groups the rule will
+        # not reach cost less than those round trips
         if target.model != "unknown" or target.keys:
-            found = _few_candidates(session, list(asked), target, lines)
-            winners = _pick_all(asked, {key: rank(entries, target)
-                                        for key, entries in found.items()}, lines, limits)
+            found, cuts = _few_candidates(session, list(asked), target, lines, LEADING)
+            ranked = {key: rank(entries, target) for key, entries in found.items()}
+            winners = _pick_all(asked, {key: _through_cut(candidates, cuts)
+                                        for key, candidates in ranked.items()}, lines, limits)
+            # every leader failed the check, and a group was cut: all their candidates
+            rest = [key for key in dict.fromkeys(cuts.values()) if key not in winners]
+            if rest:
+                found, _ = _few_candidates(session, rest, target, lines)
+                winners.update(_pick_all(asked, {key: rank(entries, target)
+                                                 for key, entries in found.items()},
+                                         lines, limits))
     else:
         # one query per tier for the whole batch: this device, then (for the workloads it
         # left without a winner) the other devices by the target's keys. The rule ranks
