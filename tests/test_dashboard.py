@@ -597,7 +597,7 @@ def test_token_in_a_query_is_kept_out_of_the_access_log() -> None:
     """An old /?token= link's token is written as token=*** in uvicorn's access log."""
     import logging
 
-    from tuner_server.api.dashboard import TokenRedactor, redact_token
+    from tuner_server.access_log import TokenRedactor, redact_token
 
     assert redact_token("/?token=tun_client_abc#x") == "/?token=***#x"
     assert redact_token("/x?a=1&token=s3cret&b=2") == "/x?a=1&token=***&b=2"

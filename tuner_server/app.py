@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas.api import Health, Readiness
 from schemas.text import describe, one_line
+from tuner_server.access_log import access_log_deferred, redact_access_log
 from tuner_server.api import dashboard as dashboard_api
 from tuner_server.api import jobs, records, workers
 from tuner_server.api.hot import Shortcuts
@@ -88,13 +89,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         freeze_startup()
-        if settings.run_scheduler:
-            scheduler.start()
-        yield
-        if settings.run_scheduler:
-            scheduler.stop()
-        engine.dispose()
-        reader.dispose()
+        with access_log_deferred():  # uvicorn has configured its loggers by now
+            if settings.run_scheduler:
+                scheduler.start()
+            yield
+            if settings.run_scheduler:
+                scheduler.stop()
+            engine.dispose()
+            reader.dispose()
 
     # FastAPI's native OpenTelemetry is off: the service reports through /metrics, and
     # the check whether a provider is configured read the environment on every request
@@ -135,7 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # The dashboard: the page and its assets carry no data, so they need no token; the
     # API calls it makes do. A token an old /?token= link carries stays out of the log.
-    dashboard_api.redact_access_log()
+    redact_access_log()
     app.mount("/static", StaticFiles(directory=DASHBOARD_DIR), name="static")
 
     # Routes without database work are async: they answer on the event loop, no thread.

@@ -1,11 +1,7 @@
-"""What the dashboard page asks the server about itself, the read-only guard of the local
-dashboard (``tuner dashboard``), and the access-log filter that keeps a token an old
-``/?token=`` link carries out of the server's log."""
+"""What the dashboard page asks the server about itself, and the read-only guard of the
+local dashboard (``tuner dashboard``)."""
 
 from __future__ import annotations
-
-import logging
-import re
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -19,7 +15,6 @@ router = APIRouter(prefix="/api/v1/dashboard", tags=["dashboard"])
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 READ_ONLY_DETAIL = ("this dashboard is read-only (tuner dashboard): submit and cancel jobs "
                     "with `tuner tune`, or on a tuning server (`tuner serve`)")
-_TOKEN_IN_QUERY = re.compile(r"(?i)((?:^|[?&])token=)[^&#\s\"]*")
 
 
 @router.get("", response_model=DashboardInfo)
@@ -44,26 +39,3 @@ class ReadOnly:
             await answer(scope, receive, send)
             return
         await self.app(scope, receive, send)
-
-
-def redact_token(text: str) -> str:
-    """``text`` with the value of every ``token=`` query parameter replaced by ``***``."""
-    return _TOKEN_IN_QUERY.sub(r"\1***", text)
-
-
-class TokenRedactor(logging.Filter):
-    """Uvicorn's access log line names the request's path with its query string: a
-    ``token=`` in it is written as ``token=***``."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(redact_token(a) if isinstance(a, str) else a
-                                for a in record.args)
-        return True
-
-
-def redact_access_log() -> None:
-    """Install :class:`TokenRedactor` on uvicorn's access logger, once per process."""
-    logger = logging.getLogger("uvicorn.access")
-    if not any(isinstance(f, TokenRedactor) for f in logger.filters):
-        logger.addFilter(TokenRedactor())
