@@ -75,7 +75,8 @@ def test_lines_written_off_the_request_thread_in_order_redacted(
     paths = [f"/?token=tun_client_{i}" if i % 3 == 0 else f"/api/v1/jobs/{i}"
              for i in range(500)]
     with access_log_deferred():
-        assert lines not in logger.handlers and not logger.filters
+        assert lines not in logger.handlers
+        assert any(isinstance(f, TokenRedactor) for f in logger.filters)
         for path in paths:
             request(logger, path)
     # leaving wrote everything queued, in order, by the listener's thread
@@ -86,11 +87,27 @@ def test_lines_written_off_the_request_thread_in_order_redacted(
     # and the logger is as it was: its handler and its filter, on the request path again
     assert logger.handlers == [lines]
     assert any(isinstance(f, TokenRedactor) for f in logger.filters)
-    assert not lines.filters
     lines.lines.clear()
     request(logger, "/?token=tun_client_x")
     assert lines.lines == [('127.0.0.1:5 - "GET /?token=*** HTTP/1.1" 200',
                             threading.current_thread().name)]
+
+
+def test_a_logger_configured_anew_meanwhile_is_left_as_it_is(
+        access: tuple[logging.Logger, Lines]) -> None:
+    """Another in-process server's uvicorn configures the logger while the first is
+    deferred: leaving puts nothing back over the new configuration (every line would be
+    written twice), and what was queued is still written."""
+    logger, lines = access
+    alone(logger, lines)
+    newer = Lines()
+    with access_log_deferred():
+        request(logger, "/first")
+        for handler in list(logger.handlers):  # what dictConfig does to the logger
+            logger.removeHandler(handler)
+        logger.addHandler(newer)
+    assert logger.handlers == [newer]
+    assert [line for line, _ in lines.lines] == ['127.0.0.1:5 - "GET /first HTTP/1.1" 200']
 
 
 def test_nothing_changes_without_handlers_or_twice(

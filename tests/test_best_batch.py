@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from server_fixtures import BACKENDS, migrated_sessions
-from sqlalchemy import delete, event, func, insert, select
+from sqlalchemy import delete, event, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from compiler.records.choose import DEFAULT, THIS_DEVICE, choose_one
@@ -182,6 +182,43 @@ def test_few_workloads_answer_as_the_rule_over_every_record(
             assert [(a.rule, a.line) for w in asked
                     for a in svc.best(session, [w], target)] == expected, text
             assert answers(svc.best(session, asked, target)) == expected, text
+
+
+def test_a_cut_row_whose_target_no_longer_parses(sessions: sessionmaker[Session],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cut of a group (its last row read) is a row whose target text no longer
+    parses, so the rule cannot tell where the group stops: the workload is read whole,
+    and the other devices' cheaper "gpu" record does not jump the "cuda" tier."""
+    monkeypatch.setattr(svc, "LEADING", 2)
+    w, other = workloads(2)
+    template = get_template(TEMPLATE)
+    rng = random.Random(1)
+    good, alien = template.space(w).sample(rng), template.space(other).sample(rng)
+
+    def row(target: str, config: Config, cost: float) -> dict[str, Any]:
+        return svc.record_row(Record(
+            target=Target.parse(target), workload=w, config=config,
+            result=MeasureResult(costs=(cost,), error_no=MeasureErrorNo.NO_ERROR,
+                                 all_cost=0.1, timestamp=1.7e9 + cost)))
+
+    with sessions.begin() as session:
+        session.execute(insert(RecordRow), [
+            row("cuda -model=a100", alien, 1e-4), row("cuda -model=a100", alien, 2e-4),
+            row("cuda -model=a100", good, 3e-4), row("cuda -model=a100", good, 4e-4),
+            row("rocm -model=mi300x", good, 1e-5)])
+        third = session.scalar(select(RecordRow.id).where(RecordRow.mean_cost == 3e-4))
+        broken = 'cuda -model=a100 -arch -x="a b"'
+        assert svc.parsed_target(broken) is None
+        session.execute(update(RecordRow).where(RecordRow.id == third).values(target=broken))
+    target = Target.parse("cuda -model=l4")
+    with sessions() as session:
+        [cut] = svc.best(session, [w], target)
+    monkeypatch.setattr(svc, "LEADING", 100)
+    with sessions() as session:
+        [whole] = svc.best(session, [w], target)
+    assert (cut.rule, cut.line) == (whole.rule, whole.line)
+    assert cut.rule == "target_key:cuda" and cut.record is not None
+    assert cut.record.result.mean_cost == pytest.approx(4e-4)
 
 
 def test_queries_do_not_grow_with_the_batch(sessions: sessionmaker[Session]) -> None:

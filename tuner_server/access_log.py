@@ -5,9 +5,9 @@ its own, off the request path.
 Uvicorn formats and writes each access line (and flushes the stream) in the request's
 own task: on 2 cores that was ~0.4 ms of a 3 ms records/best call and ~2 ms of its p99
 (bench/server.py; Python's logging cookbook advises a ``QueueHandler`` for this). The
-request path now only makes the record and puts it on a queue; the listener thread does
-the redacting, formatting and writing, in order, and what is queued at shutdown is
-written before the process exits."""
+request path now only makes the record, redacts it and puts it on a queue; the listener
+thread formats and writes it, in order, and what is queued at shutdown is written before
+the process exits."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ class TokenRedactor(logging.Filter):
 
 
 def redact_access_log() -> None:
-    """Install :class:`TokenRedactor` on the access logger, once per process (before
-    uvicorn configures its handlers, which keeps a logger's filters)."""
+    """Install :class:`TokenRedactor` on the access logger, once per process (uvicorn's
+    logging configuration keeps a logger's filters)."""
     logger = logging.getLogger(ACCESS_LOGGER)
     if not any(isinstance(f, TokenRedactor) for f in logger.filters):
         logger.addFilter(TokenRedactor())
@@ -57,35 +57,30 @@ class _Enqueue(QueueHandler):
 
 @contextmanager
 def access_log_deferred() -> Iterator[None]:
-    """While inside, the access logger's handlers (and its filters, moved onto them) sit
-    behind a queue and a listener thread; on leaving, what is queued is written and
-    they are put back. Nothing changes when the logger has no handlers (uvicorn did not
-    configure logging, as under a test client) or is deferred already."""
+    """While inside, the access logger's handlers sit behind a queue and a listener
+    thread; its filters (the redaction) stay on it, so whatever its records reach is
+    redacted. On leaving, what is queued is written and the handlers are put back,
+    unless the logger was configured anew meanwhile (another in-process server's
+    uvicorn). Nothing changes when the logger has no handlers (uvicorn did not configure
+    logging, as under a test client) or is deferred already."""
     logger = logging.getLogger(ACCESS_LOGGER)
     handlers = list(logger.handlers)
     if not handlers or any(isinstance(h, _Enqueue) for h in handlers):
         yield
         return
-    filters = list(logger.filters)
-    for handler in handlers:
-        logger.removeHandler(handler)
-        for kept in filters:
-            handler.addFilter(kept)
-    for kept in filters:
-        logger.removeFilter(kept)
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     listener = QueueListener(records, *handlers, respect_handler_level=True)
     enqueue = _Enqueue(records)
     listener.start()
+    for handler in handlers:
+        logger.removeHandler(handler)
     logger.addHandler(enqueue)
     try:
         yield
     finally:
+        ours = logger.handlers == [enqueue]
         logger.removeHandler(enqueue)
         listener.stop()  # writes what is queued
-        for kept in filters:
-            logger.addFilter(kept)
-        for handler in handlers:
-            for kept in filters:
-                handler.removeFilter(kept)
-            logger.addHandler(handler)
+        if ours:
+            for handler in handlers:
+                logger.addHandler(handler)

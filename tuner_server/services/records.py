@@ -502,8 +502,9 @@ def _candidates(session: Session, keys: Sequence[str], tier: Any
 
 
 # Candidates read per workload and group of the rule's order (a batch: other devices'
-# by key; a few workloads: every group), the rule's first usually winning; a workload
-# none of whose leaders passes the check, and that has more, is read in full.
+# by key; a few workloads: every group, tried as far as the first group that may have
+# more), the rule's first usually winning; a workload none of whose leaders passes the
+# check, and that has more, is read in full by a second query.
 LEADING = 2
 
 
@@ -599,9 +600,9 @@ def _like_pattern(key: str) -> str:
 
 def _few_clauses(dialect: Dialect, model: bool, n_keys: int, n_workloads: int
                  ) -> tuple[Any, list[Any]]:
-    """(the workloads' clause, the tiers' clauses, this device's first when ``model``) of
-    the few-workload queries, their values as parameters (``keys`` on PostgreSQL,
-    ``w0``... elsewhere; ``kind``, ``model``, ``key0``...)."""
+    """The few-workload queries' clauses: (the workloads', the tiers' with this device's
+    first when ``model``), their values as parameters (``keys`` on PostgreSQL, ``w0``...
+    elsewhere; ``kind``, ``model``, ``key0``...)."""
     if dialect.name == "postgresql":  # one text parameter, split in SQL (``_among``)
         among = RecordRow.workload_key == any_(func.string_to_array(
             bindparam("keys", type_=Text), "\n", type_=ARRAY(Text)))
@@ -733,7 +734,9 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
     targets, costs) of every workload asked, then the other devices' of those still
     without a winner; the lines are read in rounds shared by all workloads, only as far
     as each winner (``_pick_all``). Up to FEW_WORKLOADS workloads, one query reads
-    each group's leaders in both tiers with their lines (``_leaders_query``)."""
+    each group's leaders in both tiers with their lines (``_leaders_query``), tried as
+    far as the first group cut short; a second reads whole the workloads whose leaders
+    that far all fail the check."""
     keys = [w.key for w in workloads]  # a key is computed each time: once here
     asked = dict(zip(keys, workloads))  # one workload per key (one key's are alike)
     lines = _Lines(session)
@@ -744,9 +747,13 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
         # not reach cost less than those round trips
         if target.model != "unknown" or target.keys:
             found, cuts = _few_candidates(session, list(asked), target, lines, LEADING)
-            ranked = {key: rank(entries, target) for key, entries in found.items()}
-            winners = _pick_all(asked, {key: _through_cut(candidates, cuts)
-                                        for key, candidates in ranked.items()}, lines, limits)
+            # a workload whose cut row's target no longer parses cannot be cut where the
+            # rule would be: it is read whole
+            read = {entry.item for entries in found.values() for entry in entries}
+            whole = {key for row_id, key in cuts.items() if row_id not in read}
+            ranked = {key: _through_cut(rank(entries, target), cuts)
+                      for key, entries in found.items() if key not in whole}
+            winners = _pick_all(asked, ranked, lines, limits)
             # every leader failed the check, and a group was cut: all their candidates
             rest = [key for key in dict.fromkeys(cuts.values()) if key not in winners]
             if rest:
