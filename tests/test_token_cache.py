@@ -1,7 +1,9 @@
 """Tokens are checked against the database at most once a second per server process
-(issue 18, point 3): repeated requests with one token take no database session for it;
-a token revoked by another process (`tuner token revoke`) stops working within a
-second; this process's own revocations (a worker registering again) at once."""
+(issue 18, point 3): repeated requests with one token take no database session for it,
+and a token used again later is checked with every other remembered one in one query a
+second (a sweep), not looked up again; a token revoked by another process (`tuner token
+revoke`) stops working within a second; this process's own revocations (a worker
+registering again) at once."""
 
 from __future__ import annotations
 
@@ -114,5 +116,44 @@ def test_forgetting_one_workers_tokens_keeps_the_others(tmp_path: Path,
         assert cache.cached(a) is tokens.MISS  # ... but not kept
         cache.forget()
         assert cache.cached(b) is tokens.MISS and cache.cached(client) is tokens.MISS
+    finally:
+        engine.dispose()
+
+
+def test_a_sweep_checks_remembered_tokens_in_one_query(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``ttl`` a remembered token is confirmed by a sweep of every remembered token
+    (no lookup of its own); one revoked meanwhile is forgotten by that sweep and then
+    found unknown."""
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    migrate(url)
+    engine = make_engine(url)
+    sessions = session_factory(engine)
+    try:
+        with sessions.begin() as session:
+            kept, gone = (tokens.create_token(session, "client", name) for name in ("k", "g"))
+        looked_up: list[str] = []
+        real = tokens.lookup
+
+        def counting(session: object, token: str) -> tokens.TokenInfo | None:
+            looked_up.append(token)
+            return real(session, token)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(tokens, "lookup", counting)
+        cache = tokens.TokenCache(sessions, ttl=0.2)
+        assert cache.lookup(kept) is not None and cache.lookup(gone) is not None
+        with sessions.begin() as session:  # as `tuner token revoke`, elsewhere
+            info = real(session, gone)
+            assert info is not None
+            tokens.revoke(session, str(info.id))
+        assert cache.cached(gone) is not tokens.MISS  # within ttl: still trusted
+        time.sleep(0.25)
+        assert cache.cached(kept) is tokens.MISS  # a sweep is due
+        assert cache.lookup(kept) is not None
+        assert looked_up == [kept, gone]  # the sweep confirmed it: no lookup of its own
+        assert cache.cached(kept) is not tokens.MISS
+        assert cache.cached(gone) is tokens.MISS  # the sweep forgot it
+        assert cache.lookup(gone) is None
+        assert looked_up == [kept, gone, gone]
     finally:
         engine.dispose()

@@ -106,50 +106,95 @@ MISS = _Miss()
 
 
 class TokenCache:
-    """Each token's role, remembered for ``ttl`` seconds per server process, so most
-    requests authenticate without a database query. A token revoked elsewhere (`tuner
-    token revoke`, another server process) stops working within ``ttl``; this process's
-    own revocations (a worker registering again, deregistering) call :meth:`forget`."""
+    """Each token's role per server process, so most requests authenticate without a
+    database query. A token row never changes; it is only deleted (revoked). So a known
+    token stays known while its row exists: once every ``ttl`` seconds one query checks
+    which of the remembered tokens still exist (a sweep) and forgets the others, and a
+    token revoked elsewhere (`tuner token revoke`, another server process) stops working
+    within ``ttl``. A fleet's workers each call every few seconds, longer than ``ttl``:
+    remembering each token for ``ttl`` only sent every worker call to the database. An
+    unknown token is asked again after ``ttl`` (it may be created elsewhere meanwhile).
+    This process's own revocations (a worker registering again, deregistering) call
+    :meth:`forget`."""
 
     MAX_ENTRIES = 10_000  # past this the cache starts over (unknown tokens sprayed at it)
 
     def __init__(self, sessions: sessionmaker[Session], ttl: float = 1.0) -> None:
         self._sessions, self.ttl = sessions, ttl
+        # digest -> (when it was read from the database, what it said)
         self._seen: dict[str, tuple[float, TokenInfo | None]] = {}
+        self._swept = time.monotonic()  # when the last sweep began (nothing to check yet)
         self._forgot_all = 0.0  # when forget() last dropped everything
         self._forgot: dict[int, float] = {}  # worker id -> when its tokens were forgotten
         self._lock = threading.Lock()
+        self._sweeping = threading.Lock()
+
+    def _known(self, digest: str, now: float) -> TokenInfo | None | _Miss:
+        """What the cache may answer for ``digest`` at ``now`` (under ``_lock``): a known
+        token until ``ttl`` after it was last read or found in a sweep, an unknown one
+        until ``ttl`` after it was read."""
+        seen = self._seen.get(digest)
+        if seen is None:
+            return MISS
+        checked = seen[0] if seen[1] is None else max(seen[0], self._swept)
+        return seen[1] if now - checked < self.ttl else MISS
 
     def cached(self, token: str) -> TokenInfo | None | _Miss:
         """What the cache knows of ``token`` (None: no such token), without I/O; MISS
-        when it must be looked up."""
+        when it must be looked up (or a sweep is due)."""
+        digest, now = _digest(token), time.monotonic()
         with self._lock:
-            seen = self._seen.get(_digest(token))
-        if seen is not None and time.monotonic() - seen[0] < self.ttl:
-            return seen[1]
-        return MISS
+            return self._known(digest, now)
 
     def lookup(self, token: str, session: Session | None = None) -> TokenInfo | None:
-        """``token``'s role, from the cache or the database: in ``session`` (a request's),
-        whose transaction it then ends so that a long-poll holds no lock while it waits,
-        else in a short session of its own."""
-        digest, began = _digest(token), time.monotonic()
+        """``token``'s role, from the cache (after a sweep, when one is due) or the
+        database: in ``session`` (a request's), whose transaction it then ends so that a
+        long-poll holds no lock while it waits, else in a short session of its own."""
+        digest = _digest(token)
         with self._lock:
-            seen = self._seen.get(digest)
-        if seen is not None and began - seen[0] < self.ttl:
-            return seen[1]
+            known = self._known(digest, time.monotonic())
+            due = digest in self._seen and known is MISS
+        if not isinstance(known, _Miss):
+            return known
         if session is None:
             with self._sessions() as own:
-                info = lookup(own, token)
-        else:
-            info = lookup(session, token)
-            session.commit()
+                return self._read(own, token, digest, due)
+        info = self._read(session, token, digest, due)
+        session.commit()
+        return info
+
+    def _read(self, session: Session, token: str, digest: str, due: bool
+              ) -> TokenInfo | None:
+        if due and self._sweeping.acquire(blocking=False):  # one sweep at a time
+            try:
+                self._sweep(session)
+            finally:
+                self._sweeping.release()
+            with self._lock:
+                known = self._known(digest, time.monotonic())
+            if not isinstance(known, _Miss):
+                return known
+        began = time.monotonic()
+        info = lookup(session, token)
         with self._lock:
             if not self._revoked_since(info, began):
                 if len(self._seen) >= self.MAX_ENTRIES:
                     self._seen.clear()
                 self._seen[digest] = (began, info)
         return info
+
+    def _sweep(self, session: Session) -> None:
+        """Forget the remembered tokens whose rows are gone (one query)."""
+        began = time.monotonic()
+        with self._lock:
+            ids = sorted({info.id for _at, info in self._seen.values() if info is not None})
+        alive = set(session.scalars(select(TokenRow.id).where(TokenRow.id.in_(ids)))
+                    ) if ids else set()
+        with self._lock:
+            # an entry read after the sweep began is as new as the sweep
+            self._seen = {d: seen for d, seen in self._seen.items()
+                          if seen[1] is None or seen[1].id in alive or seen[0] >= began}
+            self._swept = max(self._swept, began)
 
     def _revoked_since(self, info: TokenInfo | None, began: float) -> bool:
         """Whether a forget() that may cover ``info`` came after a lookup that began at
