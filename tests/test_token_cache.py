@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 from server_fixtures import LiveServer, live_server, migrate
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 
-from tuner_server.db.models import WorkerRow
+from tuner_server.db.models import TokenRow, WorkerRow
 from tuner_server.db.session import make_engine, session_factory
 from tuner_server.services import tokens
 
@@ -120,40 +123,120 @@ def test_forgetting_one_workers_tokens_keeps_the_others(tmp_path: Path,
         engine.dispose()
 
 
-def test_a_sweep_checks_remembered_tokens_in_one_query(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past ``ttl`` a remembered token is confirmed by a sweep of every remembered token
-    (no lookup of its own); one revoked meanwhile is forgotten by that sweep and then
-    found unknown."""
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+         ) -> Iterator[tuple[sessionmaker[Session], list[str]]]:
+    """A migrated database's sessions, and the tokens ``tokens.lookup`` was asked for."""
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
     migrate(url)
     engine = make_engine(url)
-    sessions = session_factory(engine)
+    looked_up: list[str] = []
+    real = tokens.lookup
+
+    def counting(session: Session, token: str) -> tokens.TokenInfo | None:
+        looked_up.append(token)
+        return real(session, token)
+
+    monkeypatch.setattr(tokens, "lookup", counting)
     try:
-        with sessions.begin() as session:
-            kept, gone = (tokens.create_token(session, "client", name) for name in ("k", "g"))
-        looked_up: list[str] = []
-        real = tokens.lookup
-
-        def counting(session: object, token: str) -> tokens.TokenInfo | None:
-            looked_up.append(token)
-            return real(session, token)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(tokens, "lookup", counting)
-        cache = tokens.TokenCache(sessions, ttl=0.2)
-        assert cache.lookup(kept) is not None and cache.lookup(gone) is not None
-        with sessions.begin() as session:  # as `tuner token revoke`, elsewhere
-            info = real(session, gone)
-            assert info is not None
-            tokens.revoke(session, str(info.id))
-        assert cache.cached(gone) is not tokens.MISS  # within ttl: still trusted
-        time.sleep(0.25)
-        assert cache.cached(kept) is tokens.MISS  # a sweep is due
-        assert cache.lookup(kept) is not None
-        assert looked_up == [kept, gone]  # the sweep confirmed it: no lookup of its own
-        assert cache.cached(kept) is not tokens.MISS
-        assert cache.cached(gone) is tokens.MISS  # the sweep forgot it
-        assert cache.lookup(gone) is None
-        assert looked_up == [kept, gone, gone]
+        yield session_factory(engine), looked_up
     finally:
         engine.dispose()
+
+
+def _revoke(sessions: sessionmaker[Session], token: str) -> None:
+    """As `tuner token revoke` does it, elsewhere."""
+    with sessions.begin() as session:
+        row = session.scalar(select(TokenRow).where(
+            TokenRow.token_sha256 == tokens._digest(token)))
+        assert row is not None
+        tokens.revoke(session, str(row.id))
+
+
+def test_a_sweep_checks_remembered_tokens_in_one_query(
+        made: tuple[sessionmaker[Session], list[str]]) -> None:
+    """Past ``ttl`` a remembered token is confirmed by a sweep of every remembered token
+    (no lookup of its own); one revoked meanwhile is forgotten by that sweep and then
+    found unknown. An unknown token past ``ttl`` is looked up again, with no sweep."""
+    sessions, looked_up = made
+    with sessions.begin() as session:
+        kept, gone, other = (tokens.create_token(session, "client", name)
+                             for name in ("k", "g", "o"))
+    clock = Clock()
+    cache = tokens.TokenCache(sessions, ttl=1.0, clock=clock)
+    for token in (kept, gone, other, "tun_client_nosuchtoken"):
+        cache.lookup(token)
+    assert cache.lookup("tun_client_nosuchtoken") is None  # remembered: no second lookup
+    _revoke(sessions, gone)
+    clock.now += 0.9
+    assert cache.cached(gone) is not tokens.MISS  # within ttl: still trusted
+    clock.now += 0.2
+    assert cache.cached(kept) is tokens.MISS  # confirmation due
+    assert looked_up == [kept, gone, other, "tun_client_nosuchtoken"]
+    assert cache.lookup(kept) is not None
+    assert looked_up == [kept, gone, other, "tun_client_nosuchtoken"]  # swept, not looked up
+    assert cache.cached(other) is not tokens.MISS  # confirmed by the same sweep
+    assert cache.cached(gone) is tokens.MISS  # forgotten by it
+    assert cache.lookup(gone) is None
+    assert cache.lookup("tun_client_nosuchtoken") is None
+    assert looked_up[4:] == [gone, "tun_client_nosuchtoken"]
+
+
+def test_a_failed_sweep_falls_back_to_a_lookup(
+        made: tuple[sessionmaker[Session], list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep the database refuses costs the request nothing but its own lookup."""
+    sessions, looked_up = made
+    with sessions.begin() as session:
+        token = tokens.create_token(session, "client", "c")
+    clock = Clock()
+    cache = tokens.TokenCache(sessions, ttl=1.0, clock=clock)
+    assert cache.lookup(token) is not None
+    clock.now += 2.0
+
+    def refused(_session: Session) -> None:
+        raise OperationalError("SELECT tokens.id FROM tokens", {}, Exception("gone away"))
+
+    monkeypatch.setattr(cache, "_sweep", refused)
+    assert cache.lookup(token) is not None
+    assert looked_up == [token, token]
+    assert cache.cached(token) is not tokens.MISS  # the lookup's answer is remembered
+
+
+def test_an_entry_written_during_a_sweep_keeps_its_own_time(
+        made: tuple[sessionmaker[Session], list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup that read its token before a sweep began and wrote it after is trusted
+    from its read, not from the sweep it was not part of."""
+    sessions, _ = made
+    with sessions.begin() as session:
+        early, late = (tokens.create_token(session, "client", name) for name in ("e", "l"))
+    clock = Clock()
+    cache = tokens.TokenCache(sessions, ttl=1.0, clock=clock)
+    assert cache.lookup(early) is not None
+    clock.now += 2.0
+    real_scalars = Session.scalars
+
+    def lookup_lands_meanwhile(session: Session, *args: object, **kw: object) -> object:
+        # while the sweep reads the ids, a lookup that began 0.5 s before it lands
+        digest = tokens._digest(late)
+        with sessions() as other:
+            info = tokens.lookup(other, late)
+        cache._seen[digest] = (clock.now - 0.5, info)
+        return real_scalars(session, *args, **kw)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Session, "scalars", lookup_lands_meanwhile)
+        assert cache.lookup(early) is not None  # sweeps
+    assert cache.cached(early) is not tokens.MISS
+    clock.now += 0.6
+    assert cache.cached(late) is tokens.MISS  # 1.1 s after its read: due again
+    assert cache.cached(early) is not tokens.MISS  # 0.6 s after the sweep

@@ -7,16 +7,21 @@ that token (or an admin's) may lease, beat, report and release for it."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import delete, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tuner_server.db.models import TokenRow
+
+log = logging.getLogger("tuner.tokens")
 
 ROLES = ("admin", "client", "worker")
 
@@ -108,73 +113,66 @@ MISS = _Miss()
 class TokenCache:
     """Each token's role per server process, so most requests authenticate without a
     database query. A token row never changes; it is only deleted (revoked). So a known
-    token stays known while its row exists: once every ``ttl`` seconds one query checks
-    which of the remembered tokens still exist (a sweep) and forgets the others, and a
-    token revoked elsewhere (`tuner token revoke`, another server process) stops working
-    within ``ttl``. A fleet's workers each call every few seconds, longer than ``ttl``:
-    remembering each token for ``ttl`` only sent every worker call to the database. An
-    unknown token is asked again after ``ttl`` (it may be created elsewhere meanwhile).
-    This process's own revocations (a worker registering again, deregistering) call
-    :meth:`forget`."""
+    token stays known while its row exists: a remembered token is trusted ``ttl``
+    seconds from when it was last read or confirmed, and the first request to find one
+    past that confirms every remembered token at once (a sweep: one query for the ids
+    that still exist) and forgets the others. A token revoked elsewhere (`tuner token
+    revoke`, another server process) stops working within ``ttl``. A fleet's workers
+    each call every few seconds, longer than ``ttl``: remembering a token for ``ttl``
+    only sent every worker call to the database. An unknown token is asked again after
+    ``ttl`` (it may be created elsewhere meanwhile). This process's own revocations (a
+    worker registering again, deregistering) call :meth:`forget`."""
 
     MAX_ENTRIES = 10_000  # past this the cache starts over (unknown tokens sprayed at it)
 
-    def __init__(self, sessions: sessionmaker[Session], ttl: float = 1.0) -> None:
-        self._sessions, self.ttl = sessions, ttl
-        # digest -> (when it was read from the database, what it said)
+    def __init__(self, sessions: sessionmaker[Session], ttl: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._sessions, self.ttl, self._clock = sessions, ttl, clock
+        # digest -> (when it was last read or confirmed in the database, what it said)
         self._seen: dict[str, tuple[float, TokenInfo | None]] = {}
-        self._swept = time.monotonic()  # when the last sweep began (nothing to check yet)
         self._forgot_all = 0.0  # when forget() last dropped everything
         self._forgot: dict[int, float] = {}  # worker id -> when its tokens were forgotten
         self._lock = threading.Lock()
         self._sweeping = threading.Lock()
 
-    def _known(self, digest: str, now: float) -> TokenInfo | None | _Miss:
-        """What the cache may answer for ``digest`` at ``now`` (under ``_lock``): a known
-        token until ``ttl`` after it was last read or found in a sweep, an unknown one
-        until ``ttl`` after it was read."""
-        seen = self._seen.get(digest)
-        if seen is None:
+    def _known(self, digest: str) -> TokenInfo | None | _Miss:
+        """What the cache may answer for ``digest`` now: what it read or confirmed less
+        than ``ttl`` ago."""
+        with self._lock:
+            seen = self._seen.get(digest)
+        if seen is None or self._clock() - seen[0] >= self.ttl:
             return MISS
-        checked = seen[0] if seen[1] is None else max(seen[0], self._swept)
-        return seen[1] if now - checked < self.ttl else MISS
+        return seen[1]
 
     def cached(self, token: str) -> TokenInfo | None | _Miss:
         """What the cache knows of ``token`` (None: no such token), without I/O; MISS
-        when it must be looked up (or a sweep is due)."""
-        digest, now = _digest(token), time.monotonic()
-        with self._lock:
-            return self._known(digest, now)
+        when it must be looked up (or confirmed by a sweep)."""
+        return self._known(_digest(token))
 
     def lookup(self, token: str, session: Session | None = None) -> TokenInfo | None:
-        """``token``'s role, from the cache (after a sweep, when one is due) or the
-        database: in ``session`` (a request's), whose transaction it then ends so that a
-        long-poll holds no lock while it waits, else in a short session of its own."""
+        """``token``'s role: from the cache; for a remembered one past ``ttl``, after a
+        sweep (in a short session of its own); else from the database, in ``session`` (a
+        request's), whose transaction it then ends so that a long-poll holds no lock
+        while it waits, or in a short session of its own."""
         digest = _digest(token)
-        with self._lock:
-            known = self._known(digest, time.monotonic())
-            due = digest in self._seen and known is MISS
+        known = self._known(digest)
         if not isinstance(known, _Miss):
             return known
+        with self._lock:
+            seen = self._seen.get(digest)
+        if seen is not None and seen[1] is not None and self._sweep_once(digest):
+            known = self._known(digest)
+            if not isinstance(known, _Miss):
+                return known
         if session is None:
             with self._sessions() as own:
-                return self._read(own, token, digest, due)
-        info = self._read(session, token, digest, due)
+                return self._read(own, token, digest)
+        info = self._read(session, token, digest)
         session.commit()
         return info
 
-    def _read(self, session: Session, token: str, digest: str, due: bool
-              ) -> TokenInfo | None:
-        if due and self._sweeping.acquire(blocking=False):  # one sweep at a time
-            try:
-                self._sweep(session)
-            finally:
-                self._sweeping.release()
-            with self._lock:
-                known = self._known(digest, time.monotonic())
-            if not isinstance(known, _Miss):
-                return known
-        began = time.monotonic()
+    def _read(self, session: Session, token: str, digest: str) -> TokenInfo | None:
+        began = self._clock()
         info = lookup(session, token)
         with self._lock:
             if not self._revoked_since(info, began):
@@ -183,18 +181,42 @@ class TokenCache:
                 self._seen[digest] = (began, info)
         return info
 
+    def _sweep_once(self, digest: str) -> bool:
+        """Sweep, unless another thread is sweeping or ``digest``'s entry was confirmed
+        meanwhile; False when no sweep could be made (the caller looks the token up)."""
+        if not self._sweeping.acquire(blocking=False):
+            return False
+        try:
+            if not isinstance(self._known(digest), _Miss):
+                return True  # another sweep confirmed it meanwhile
+            try:
+                with self._sessions() as session:
+                    self._sweep(session)
+            except SQLAlchemyError as err:  # the token is looked up alone instead
+                log.warning("token sweep failed (%s); looking tokens up one by one",
+                            str(err).splitlines()[0][:200])
+                return False
+            return True
+        finally:
+            self._sweeping.release()
+
     def _sweep(self, session: Session) -> None:
-        """Forget the remembered tokens whose rows are gone (one query)."""
-        began = time.monotonic()
+        """Confirm the remembered tokens whose rows exist (their entries now as new as the
+        sweep) and forget the others (one query: every token id, ~one row per worker)."""
+        began = self._clock()
         with self._lock:
-            ids = sorted({info.id for _at, info in self._seen.values() if info is not None})
-        alive = set(session.scalars(select(TokenRow.id).where(TokenRow.id.in_(ids)))
-                    ) if ids else set()
-        with self._lock:
-            # an entry read after the sweep began is as new as the sweep
-            self._seen = {d: seen for d, seen in self._seen.items()
-                          if seen[1] is None or seen[1].id in alive or seen[0] >= began}
-            self._swept = max(self._swept, began)
+            before = list(self._seen.items())
+        alive = set(session.scalars(select(TokenRow.id)))
+        confirmed = {d: (max(at, began), info) for d, (at, info) in before
+                     if info is not None and info.id in alive}
+        gone = {d for d, (_at, info) in before if info is not None and info.id not in alive}
+        with self._lock:  # only entries no one changed since they were copied
+            for d, seen in before:
+                if self._seen.get(d) is seen:
+                    if d in confirmed:
+                        self._seen[d] = confirmed[d]
+                    elif d in gone:
+                        del self._seen[d]
 
     def _revoked_since(self, info: TokenInfo | None, began: float) -> bool:
         """Whether a forget() that may cover ``info`` came after a lookup that began at
@@ -208,7 +230,7 @@ class TokenCache:
         """Drop what is cached of ``worker_id``'s tokens (all tokens when None): this
         process revoked them. Other workers' entries stay, so a burst of registrations
         does not send every request to the database."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             if worker_id is None:
                 self._seen.clear()
