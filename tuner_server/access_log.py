@@ -3,8 +3,9 @@ carries is written as ``token=***``, and the line is formatted and written by a 
 its own, off the request path.
 
 Uvicorn formats and writes each access line (and flushes the stream) in the request's
-own task: on 2 cores that was ~0.4 ms of a 3 ms records/best call and ~2 ms of its p99
-(bench/server.py; Python's logging cookbook advises a ``QueueHandler`` for this). The
+own task: on 2 cores, side by side, ~0.1 ms of a 3 ms records/best call's median and
+~0.8 ms of its p99 (docs/BENCHMARKS.md; Python's logging cookbook advises a
+``QueueHandler`` for this). The
 request path now only makes the record, redacts it and puts it on a queue; the listener
 thread formats and writes it, in order, and what is queued at shutdown is written before
 the process exits."""
