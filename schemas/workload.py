@@ -7,7 +7,7 @@ import math
 from functools import cached_property
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from schemas.frozen import Frozen
 from schemas.text import ONE_LINE, check_text
@@ -19,6 +19,11 @@ MAX_ARG_NODES = 1024
 MAX_ARG_DEPTH = 8
 MAX_ARG_STRING = 128
 MAX_ARG_INT = 2**63 - 1
+# records.workload_key leads PostgreSQL's ix_records_best, whose rows (the key, the target
+# columns it includes at their longest, the cost) must fit a btree row of 2,704 bytes: a
+# key of ~1,960 incompressible characters is the most that does, so half that, checked
+# here, refuses a workload before anything is stored or planned for it
+MAX_KEY_CHARS = 1024
 # ``Workload.key``'s writer, made once: json.dumps with separators makes an encoder per call
 _KEY_JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -125,6 +130,13 @@ class Workload(Frozen):
             return frozen
         _check_arg(value, "args", 0, [0])
         return tuple(_freeze(v) for v in value)
+
+    @model_validator(mode="after")
+    def _key_fits(self) -> Workload:
+        if len(self.key) > MAX_KEY_CHARS:
+            raise ValueError(f"workload: template and args are {len(self.key)} characters "
+                             f"as JSON, more than {MAX_KEY_CHARS}")
+        return self
 
     @cached_property
     def key(self) -> str:

@@ -678,6 +678,9 @@ def test_import_refuses_what_a_worker_could_not_report(fresh: LiveServer) -> Non
         "args the template cannot read": (setter("input", 2)([["TENSOR", [1], "float32"]]),
                                           "args"),
         "a 3 MB config": (entity([["k", "ot", "x" * 100]] * 30000), "longer than"),
+        # within every bound on args, but past what PostgreSQL's records index holds
+        "a key of 1,100 characters": (setter("input", 2)([*base["input"][2], *["x" * 100] * 9]),
+                                      "characters as JSON"),
         "cost NaN": (costs([float("nan")]), "finite"),
     }
     lines = [_mutated(base, change) for change, _ in bad.values()]

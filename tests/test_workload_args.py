@@ -17,6 +17,7 @@ from schemas.workload import (
     MAX_ARG_INT,
     MAX_ARG_NODES,
     MAX_ARG_STRING,
+    MAX_KEY_CHARS,
     _check_arg,
     _freeze,
     _plain,
@@ -64,14 +65,33 @@ def test_one_pass_check_agrees_with_the_walk(args: list[Any]) -> None:
         assert reference in str(err.value)
     else:
         assert fast == reference
-        assert Workload(template="t", args=args).args == reference
+        if len(json.dumps(["t", args], separators=(",", ":"))) <= MAX_KEY_CHARS:
+            assert Workload(template="t", args=args).args == reference
+        else:  # arguments within every bound whose key the records index cannot hold
+            with pytest.raises(ValidationError, match=f"more than {MAX_KEY_CHARS}"):
+                Workload(template="t", args=args)
+
+
+def test_a_key_is_refused_past_its_bound_and_kept_at_it() -> None:
+    """The bound is on the key as stored: a workload of exactly MAX_KEY_CHARS
+    characters is kept, one more refused, saying how long it is."""
+    def of_length(total: int) -> list[str]:
+        # strings of MAX_ARG_STRING, the last one cut so the key is ``total`` long
+        args = ["x" * MAX_ARG_STRING] * (total // MAX_ARG_STRING)
+        over = len(json.dumps(["t", args], separators=(",", ":"))) - total
+        args[-1] = "x" * (MAX_ARG_STRING - over)
+        return args
+
+    assert len(Workload(template="t", args=of_length(MAX_KEY_CHARS)).key) == MAX_KEY_CHARS
+    with pytest.raises(ValidationError, match=f"are {MAX_KEY_CHARS + 1} characters as JSON"):
+        Workload(template="t", args=of_length(MAX_KEY_CHARS + 1))
 
 
 def test_key_is_the_json_of_the_args_and_does_not_change_equality() -> None:
     one = Workload(template="conv2d_nchw.cuda", args=CONV)
     other = Workload(template="conv2d_nchw.cuda", args=json.dumps(CONV))
     assert one.key == json.dumps(["conv2d_nchw.cuda", CONV], separators=(",", ":"))
-    assert one == other and hash(one) == hash(other)  # one key computed, the other not
+    assert one == other and hash(one) == hash(other)
     assert other.key == one.key and one == other
     assert one.model_dump(mode="json") == {"template": "conv2d_nchw.cuda", "args": CONV}
     assert "key" not in one.model_dump()
