@@ -28,13 +28,26 @@ from sqlalchemy.orm import Session, sessionmaker
 from compiler.records import Candidate, choose_one
 from compiler.templates import get_template
 from compiler.templates.history import THIS_DEVICE, Stored, device_order, rank
-from schemas import DeviceLimits, MeasureErrorNo, MeasureOptions, MeasureResult, Target, Workload
+from schemas import (
+    DeviceLimits,
+    MeasureErrorNo,
+    MeasureOptions,
+    MeasureResult,
+    Target,
+    Workload,
+)
 from schemas.api import JobRequest
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow
 from tuner_server.queue.sql import SqlQueue
 from tuner_server.services import dispatch, jobs
 from tuner_server.services import records as svc
-from tuner_server.services.scheduler import VERIFY_ROUNDS, SearchState, plan_once
+from tuner_server.services.scheduler import (
+    VERIFY_MARGIN,
+    VERIFY_MIN_ROUNDS,
+    VERIFY_ROUNDS,
+    SearchState,
+    plan_once,
+)
 
 TARGET = "opencl -model=pocl-cpu"
 DENSE = "dense_small_batch.gpu"
@@ -105,9 +118,10 @@ def _state(session: Session, job_id: int) -> tuple[str, str, int]:
 
 def test_a_task_ends_by_verifying_its_best_configs_and_the_default_interleaved(
         sessions: sessionmaker[Session]) -> None:
-    """At its budget a task plans VERIFY_ROUNDS rounds of its 3 cheapest configs other
-    than the default, then the default, leased in that interleaved order with twice the
-    repeats; they count in no counter, the job runs until they are in, and then the
+    """At its budget a task plans VERIFY_MIN_ROUNDS rounds of its 3 cheapest configs
+    other than the default, then the default, leased in that interleaved order with
+    twice the repeats; a config failing a round makes one round more (VERIFY_ROUNDS in
+    all); they count in no counter, the job runs until they are in, and then the
     config whose verified median is lowest wins records/best, the pretuned log and a
     build reading the database, although its search record was not the cheapest."""
     state = SearchState()
@@ -126,7 +140,7 @@ def test_a_task_ends_by_verifying_its_best_configs_and_the_default_interleaved(
     assert [i for _, i, _ in order] == searched and all(m == MEASURE.model_dump()
                                                         for *_, m in order)
     planned = _plan(sessions, state)
-    assert len(planned) == 4 * VERIFY_ROUNDS
+    assert len(planned) == 4 * VERIFY_MIN_ROUNDS and VERIFY_ROUNDS == 3
     with sessions() as session:
         assert _state(session, job_id) == ("running", "verifying", 6)
         job = jobs.describe(session, job_id, lease_s=60.0)
@@ -135,15 +149,20 @@ def test_a_task_ends_by_verifying_its_best_configs_and_the_default_interleaved(
         page = jobs.task_trials(session, job_id, job.tasks[0].id)
         assert page is not None and len(page.items) == 6  # the search's trials only
     top = others[:3]  # the three cheapest that are not the default
-    expected = [(r, i) for r in range(1, VERIFY_ROUNDS + 1) for i in [*top, DEFAULT]]
     # verified: the search's cheapest (1 ms) is really 3 ms; the second 2 ms; the third
     # fails twice; the default 2.5 ms
     verified = {top[0]: (3e-3, 2.9e-3, 3.1e-3), top[1]: (2.1e-3, 1.9e-3, 2.0e-3),
                 top[2]: (1e-4, None, None), DEFAULT: (2.5e-3, 2.5e-3, 2.5e-3)}
-    order = _measure(sessions, worker, {(r, i): verified[i][r - 1] for r, i in expected})
-    assert [(r, i) for r, i, _ in order] == expected
-    assert all(m["repeat"] == 6 and m["min_repeat_ms"] == 100.0 and m["number"] == 1
-               for *_, m in order)
+    expected = []
+    for rounds in (range(1, VERIFY_MIN_ROUNDS + 1), [VERIFY_ROUNDS]):
+        if expected:  # the third config failed its second round: the winner is in doubt
+            assert len(_plan(sessions, state)) == 4
+        now = [(r, i) for r in rounds for i in [*top, DEFAULT]]
+        order = _measure(sessions, worker, {(r, i): verified[i][r - 1] for r, i in now})
+        assert [(r, i) for r, i, _ in order] == now
+        assert all(m["repeat"] == 6 and m["min_repeat_ms"] == 100.0 and m["number"] == 1
+                   for *_, m in order)
+        expected += now
     with sessions() as session:
         assert _state(session, job_id) == ("running", "verifying", 6)
         task = session.scalars(select(TaskRow)).one()
@@ -194,7 +213,7 @@ def test_the_verified_default_is_the_one_the_task_planned(
     with sessions() as session:
         verifying = [(t.verify_round, t.config_index) for t in session.scalars(
             select(TrialRow).where(TrialRow.verify_round > 0).order_by(TrialRow.id))]
-    assert verifying == [(r, i) for r in range(1, VERIFY_ROUNDS + 1)
+    assert verifying == [(r, i) for r in range(1, VERIFY_MIN_ROUNDS + 1)
                          for i in [*searched[1:4], planned_default]]
 
 
@@ -264,9 +283,58 @@ def test_an_early_stop_verifies_after_its_leased_trials_are_in(
         db_worker = dispatch.get_worker(session, worker)
         assert db_worker is not None
         dispatch.report(session, db_worker, [(third.trial_id, worse, None)])
-    assert len(_plan(sessions, state)) == 3 * VERIFY_ROUNDS
+    assert len(_plan(sessions, state)) == 3 * VERIFY_MIN_ROUNDS
     with sessions() as session:
         assert _state(session, job_id)[1] == "verifying"
+
+
+CLEAR = {"c1": (1.0, 1.0), "c2": (1.2, 1.06), "c3": (1.5, 1.4), "d": (2.0, 2.0)}
+
+
+@pytest.mark.parametrize(("case", "costs", "more"), [
+    ("ahead by the margin in both rounds", CLEAR, False),
+    ("ahead in one round only", {**CLEAR, "c2": (1.2, 0.99)}, True),
+    ("ahead by less than the margin once", {**CLEAR, "c2": (1.2, VERIFY_MARGIN - 0.01)}, True),
+    ("a slower config failed a round", {**CLEAR, "d": (2.0, None)}, True),
+])
+def test_a_third_round_only_while_the_winner_is_in_doubt(
+        sessions: sessionmaker[Session], case: str,
+        costs: dict[str, tuple[float | None, ...]], more: bool) -> None:
+    """After VERIFY_MIN_ROUNDS rounds the task ends when one config led every other by
+    VERIFY_MARGIN in each round and every config was measured each time; otherwise one
+    more round of the same configs, in the same order, and then it ends whatever they
+    say. The winner is the rule's either way (lowest upper median)."""
+    state = SearchState()
+    worker = _worker(sessions)
+    with sessions.begin() as session:
+        job_id = _submit(session, verify_top=3, n_trial=4)
+    _plan(sessions, state)
+    with sessions() as session:
+        searched = list(session.scalars(select(TrialRow.config_index).order_by(TrialRow.id)))
+    assert searched[0] == DEFAULT
+    _measure(sessions, worker, {(0, i): c for i, c in zip(searched, (9e-3, 1e-3, 2e-3, 3e-3))})
+    name = dict(zip([*searched[1:], DEFAULT], ("c1", "c2", "c3", "d")))
+    third = {n: (1.0 if n == "c1" else 1.5) for n in name.values()}
+    table = {(r, i): (None if costs[n][r - 1] is None else costs[n][r - 1] * 1e-3)
+             for i, n in name.items() for r in range(1, VERIFY_MIN_ROUNDS + 1)}
+    table |= {(VERIFY_ROUNDS, i): third[n] * 1e-3 for i, n in name.items()}
+    assert len(_plan(sessions, state)) == 4 * VERIFY_MIN_ROUNDS
+    _measure(sessions, worker, table)
+    again = _plan(sessions, state)
+    assert len(again) == (4 if more else 0), case
+    if more:
+        order = _measure(sessions, worker, table)
+        assert [(r, name[i]) for r, i, _ in order] == [
+            (VERIFY_ROUNDS, n) for n in ("c1", "c2", "c3", "d")]
+        assert _plan(sessions, state) == []
+    with sessions() as session:
+        assert _state(session, job_id) == ("done", "done", 4)
+        rounds = session.scalars(select(TrialRow.verify_round).where(
+            TrialRow.verify_round > 0).distinct()).all()
+        assert sorted(rounds) == list(range(1, (VERIFY_ROUNDS if more else
+                                                VERIFY_MIN_ROUNDS) + 1))
+        [answer] = svc.best(session, [WORKLOAD], Target.parse(TARGET))
+    assert answer.record is not None and name[answer.record.config.index] == "c1"
 
 
 # --------------------------------------------------------------------------- the rule
@@ -414,9 +482,10 @@ TUNER = Path(sys.executable).with_name("tuner")
 def test_embedded_tune_ends_verified_and_records_best_is_the_verified_winner(
         tmp_path: Path) -> None:
     """`tuner tune` (embedded, PoCL) of a small conv: the job ends done after its
-    verification; the database holds VERIFY_ROUNDS verified measurements of each of
-    the best configs and of the default; `tuner records best` answers the config whose
-    verified median is lowest, with its median measurement."""
+    verification; the database holds VERIFY_MIN_ROUNDS to VERIFY_ROUNDS rounds of
+    verified measurements of the best configs and the default, interleaved; `tuner
+    records best` answers the config whose verified median is lowest, with its median
+    measurement."""
     from tuner_server.db.session import make_engine
 
     url = f"sqlite:///{tmp_path / 'tune.db'}"
@@ -441,8 +510,9 @@ def test_embedded_tune_ends_verified_and_records_best_is_the_verified_winner(
     finally:
         engine.dispose()
     configs = list(dict.fromkeys(r[0] for r in rows))
-    assert len(configs) == 4 and len(rows) == 4 * VERIFY_ROUNDS
-    assert [r[0] for r in rows] == configs * VERIFY_ROUNDS  # measured interleaved
+    rounds = len(rows) // 4
+    assert len(configs) == 4 and VERIFY_MIN_ROUNDS <= rounds <= VERIFY_ROUNDS
+    assert [r[0] for r in rows] == configs * rounds  # measured interleaved
     workload = Workload(template="conv2d_nchw.cuda", args=json.loads(conv[3]))
     assert get_template(workload.template).default_config(workload).index in configs
     medians = {}
