@@ -661,6 +661,7 @@ def test_import_refuses_what_a_worker_could_not_report(fresh: LiveServer) -> Non
         return value
 
     costs, error_no = setter("result", 0), setter("result", 1)
+    noise = np.random.default_rng(0)
     index, entity = setter("config", "index"), setter("config", "entity")
     tile_f = next(i for i, k in enumerate(base["config"]["entity"]) if k[0] == "tile_f")
     bad = {
@@ -681,6 +682,13 @@ def test_import_refuses_what_a_worker_could_not_report(fresh: LiveServer) -> Non
         # within every bound on args, but past what PostgreSQL's records index holds
         "a key of 1,100 characters": (setter("input", 2)([*base["input"][2], *["x" * 100] * 9]),
                                       "characters as JSON"),
+        # each within its bound, together past the index's row, incompressible (4-byte
+        # target keys; a template we do not have, whose args no rule reads)
+        "a 2.8 KB index row": (lambda row: [setter("input", 0)(
+            "cuda -keys=" + "".join(chr(c) for c in noise.integers(0x20000, 0x2A6DF, 240)))(row),
+            setter("input", 1)(other["input"][1])(row), setter("input", 2)(
+            [*base["input"][2], *[noise.bytes(64).hex() for _ in range(6)]])(row)],
+            "bytes of UTF-8"),
         "cost NaN": (costs([float("nan")]), "finite"),
     }
     lines = [_mutated(base, change) for change, _ in bad.values()]

@@ -79,13 +79,15 @@ def _plan(sessions: sessionmaker[Session], state: SearchState) -> list[int]:
 
 
 def _measure(sessions: sessionmaker[Session], worker_id: int,
-             cost: dict[tuple[int, int], float | None]) -> list[tuple[int, int, dict[str, Any]]]:
-    """Lease everything queued as the worker and report ``cost[(round, config index)]``
-    (None: error 4); returns (round, config index, measure options) in lease order."""
+             cost: dict[tuple[int, int], float | None],
+             count: int = 100) -> list[tuple[int, int, dict[str, Any]]]:
+    """Lease what is queued (up to ``count``) as the worker and report ``cost[(round,
+    config index)]`` (None: error 4); returns (round, config index, measure options) in
+    lease order."""
     with sessions.begin() as session:
         worker = dispatch.get_worker(session, worker_id)
         assert worker is not None
-        leased, failed = dispatch.lease(session, SqlQueue(), worker, 100, 60.0)
+        leased, failed = dispatch.lease(session, SqlQueue(), worker, count, 60.0)
         assert not failed
         rows = {t.id: t for t in session.scalars(select(TrialRow).where(
             TrialRow.id.in_([x.trial_id for x in leased])))}
@@ -103,9 +105,9 @@ def _measure(sessions: sessionmaker[Session], worker_id: int,
     return order
 
 
-def _worker(sessions: sessionmaker[Session]) -> int:
+def _worker(sessions: sessionmaker[Session], target: str = TARGET) -> int:
     with sessions.begin() as session:
-        return dispatch.register(session, "w", Target.parse(TARGET), DeviceLimits(), None,
+        return dispatch.register(session, "w", Target.parse(target), DeviceLimits(), None,
                                  60.0).id
 
 
@@ -335,6 +337,29 @@ def test_a_third_round_only_while_the_winner_is_in_doubt(
                                                 VERIFY_MIN_ROUNDS) + 1))
         [answer] = svc.best(session, [WORKLOAD], Target.parse(TARGET))
     assert answer.record is not None and name[answer.record.config.index] == "c1"
+
+
+def test_rounds_measured_on_two_device_models_take_the_third(
+        sessions: sessionmaker[Session]) -> None:
+    """A job for a bare target: its first round measured on one model, its second on
+    another. The rule ranks each model's records apart, so however clear the costs look
+    across them, the third round is planned."""
+    state = SearchState()
+    one, two = _worker(sessions, TARGET), _worker(sessions, "opencl -model=other-cpu")
+    with sessions.begin() as session:
+        jobs.submit(session, JobRequest(
+            target=Target.parse("opencl"), tasks=[WORKLOAD], n_trial=4, plan_size=4,
+            tuner="random", measure=MEASURE, verify_top=3))
+    _plan(sessions, state)
+    with sessions() as session:
+        searched = list(session.scalars(select(TrialRow.config_index).order_by(TrialRow.id)))
+    clear = dict(zip(searched, (4e-3, 1e-3, 2e-3, 3e-3)))  # the same order in every round
+    table = {(r, i): c for i, c in clear.items() for r in range(VERIFY_ROUNDS + 1)}
+    _measure(sessions, one, table)
+    assert len(_plan(sessions, state)) == 4 * VERIFY_MIN_ROUNDS
+    assert [r for r, *_ in _measure(sessions, one, table, count=4)] == [1] * 4
+    assert [r for r, *_ in _measure(sessions, two, table, count=4)] == [2] * 4
+    assert len(_plan(sessions, state)) == 4
 
 
 # --------------------------------------------------------------------------- the rule

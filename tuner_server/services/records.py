@@ -197,11 +197,18 @@ def add_records(session: Session, records: Iterable[Record], source: str = "meas
 
 _LABELS = {"target": "target", "target_kind": "target kind", "target_model": "target model",
            "target_keys": "target keys", "template": "template"}
+# PostgreSQL's ix_records_best holds these text columns of a row in one btree row of at
+# most 2,704 bytes (with its numbers): past this, the insert fails as a database error.
+# Keys are ASCII and bounded (MAX_KEY_CHARS); a target's options may not be.
+INDEXED_TEXT = ("workload_key", "target", "target_kind", "target_model", "target_keys",
+                "source")
+INDEXED_TEXT_BYTES = 2_600
 
 
 def _unstorable(record: Record) -> str | None:
     """Why a parsed record cannot be stored alike on SQLite and PostgreSQL, or None:
-    NaN/Infinity are not JSON, PostgreSQL refuses NUL characters and over-long strings."""
+    NaN/Infinity are not JSON, PostgreSQL refuses NUL characters, over-long strings and
+    index rows past its btree's limit (``INDEXED_TEXT_BYTES``)."""
     row = record_row(record)
     try:
         json.dumps(row["line"], allow_nan=False)
@@ -216,6 +223,10 @@ def _unstorable(record: Record) -> str | None:
         limit = getattr(column.type, "length", None)
         if limit is not None and len(value) > limit:
             return f"{label}: longer than {limit} characters"
+    indexed = sum(len(str(row.get(name, "")).encode()) for name in INDEXED_TEXT)
+    if indexed > INDEXED_TEXT_BYTES:
+        return (f"workload and target: {indexed} bytes of UTF-8 together, more than the "
+                f"{INDEXED_TEXT_BYTES} the records index holds")
     return None
 
 

@@ -362,11 +362,11 @@ def _verification(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow
 
 def _decided(costs: dict[int, list[float | None]]) -> bool:
     """Whether the verification's rounds so far (per config, its cost in each round;
-    None: it failed or was given up) name a winner no further round would change: every
-    config measured in every round, and one ahead of each other by ``VERIFY_MARGIN`` in
-    each round (compared within a round, whose configs ran back to back: the device's
-    drift between rounds cancels). The rule then picks that one, as the leader's upper
-    median is below every other's."""
+    None: it failed or was given up) name a winner a further round is unlikely to
+    change: every config measured in every round, and one ahead of each other by
+    ``VERIFY_MARGIN`` in each round (compared within a round, whose configs ran back to
+    back, so the device's drift between rounds cancels). The rule ranks that one first
+    among this task's verified records: its upper median is below every other's."""
     measured = {index: [c for c in row if c is not None] for index, row in costs.items()}
     if any(len(row) < len(costs[index]) for index, row in measured.items()):
         return False
@@ -378,11 +378,12 @@ def _decided(costs: dict[int, list[float | None]]) -> bool:
 
 def _next_round(session: Session, task: TaskRow) -> list[TrialRow]:
     """One more verification round of a task whose rounds so far are all in, the same
-    configs in the same order; none when they decide the winner (``_decided``) or the
-    task had ``VERIFY_ROUNDS``."""
+    configs in the same order; none when they decide the winner (``_decided``, on one
+    device: a job for a bare target may have its rounds measured on several models,
+    which the rule ranks apart) or the task had ``VERIFY_ROUNDS``."""
     rows = session.execute(
         select(TrialRow.config_index, TrialRow.config, TrialRow.verify_round,
-               TrialRow.queue, RecordRow.mean_cost, RecordRow.error_no)
+               TrialRow.queue, RecordRow.mean_cost, RecordRow.error_no, RecordRow.target)
         .outerjoin(RecordRow, RecordRow.trial_id == TrialRow.id)
         .where(TrialRow.task_id == task.id, TrialRow.verify_round > 0)
         .order_by(TrialRow.verify_round, TrialRow.id)).all()
@@ -391,11 +392,12 @@ def _next_round(session: Session, task: TaskRow) -> list[TrialRow]:
         return []
     configs: dict[int, tuple[Any, str]] = {}
     costs: dict[int, list[float | None]] = {}
-    for index, config, round_, queue, cost, error_no in rows:
+    for index, config, round_, queue, cost, error_no, _ in rows:
         configs.setdefault(index, (config, queue))
         costs.setdefault(index, [None] * rounds)[round_ - 1] = (
             cost if error_no == MeasureErrorNo.NO_ERROR else None)
-    if _decided(costs):
+    devices = {row.target for row in rows if row.target is not None}
+    if len(devices) <= 1 and _decided(costs):
         return []
     return [TrialRow(task_id=task.id, queue=queue, config=config, config_index=index,
                      status=TrialStatus.QUEUED, attempts=0, verify_round=rounds + 1)
@@ -425,12 +427,13 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimit
                state: SearchState, outstanding: int) -> Sequence[QueuedTrial]:
     """Plan what the task lacks of a full plan, or end it. ``outstanding``: its trials
     queued or leased when the pass began."""
-    if task.status == TaskStatus.VERIFYING:
+    if task.status == TaskStatus.VERIFYING:  # a round more while in doubt, else the end
         if outstanding:
             return []
         again = _next_round(session, task)
         if not again:
             _end_task(session, task)
+            return []
         session.add_all(again)  # in this order: the queue hands them out by id
         return again
     if task.trials_done >= job.n_trial or _stopped_early(task, job):
