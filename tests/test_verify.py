@@ -111,6 +111,19 @@ def _worker(sessions: sessionmaker[Session], target: str = TARGET) -> int:
                                  60.0).id
 
 
+def _searched(sessions: sessionmaker[Session], state: SearchState, n_trial: int
+              ) -> tuple[int, list[int]]:
+    """A job of ``n_trial`` trials verifying its top 3, planned: (its id, the config
+    indices of its search in plan order, the default first)."""
+    with sessions.begin() as session:
+        job_id = _submit(session, verify_top=3, n_trial=n_trial)
+    _plan(sessions, state)
+    with sessions() as session:
+        indices = list(session.scalars(select(TrialRow.config_index).order_by(TrialRow.id)))
+    assert indices[0] == DEFAULT
+    return job_id, indices
+
+
 def _state(session: Session, job_id: int) -> tuple[str, str, int]:
     job = session.get(JobRow, job_id)
     task = session.scalars(select(TaskRow).where(TaskRow.job_id == job_id)).one()
@@ -244,12 +257,7 @@ def test_a_task_with_one_working_config_has_nothing_to_verify(
     nothing to compare, so the task ends at its budget without a verification."""
     state = SearchState()
     worker = _worker(sessions)
-    with sessions.begin() as session:
-        job_id = _submit(session, verify_top=3, n_trial=2)
-    _plan(sessions, state)
-    with sessions() as session:
-        indices = list(session.scalars(select(TrialRow.config_index).order_by(TrialRow.id)))
-    assert indices[0] == DEFAULT
+    job_id, indices = _searched(sessions, state, n_trial=2)
     _measure(sessions, worker, {(0, DEFAULT): 1e-3, (0, indices[1]): None})
     assert _plan(sessions, state) == []
     with sessions() as session:
@@ -308,12 +316,7 @@ def test_a_third_round_only_while_the_winner_is_in_doubt(
     say. The winner is the rule's either way (lowest upper median)."""
     state = SearchState()
     worker = _worker(sessions)
-    with sessions.begin() as session:
-        job_id = _submit(session, verify_top=3, n_trial=4)
-    _plan(sessions, state)
-    with sessions() as session:
-        searched = list(session.scalars(select(TrialRow.config_index).order_by(TrialRow.id)))
-    assert searched[0] == DEFAULT
+    job_id, searched = _searched(sessions, state, n_trial=4)
     _measure(sessions, worker, {(0, i): c for i, c in zip(searched, (9e-3, 1e-3, 2e-3, 3e-3))})
     name = dict(zip([*searched[1:], DEFAULT], ("c1", "c2", "c3", "d")))
     third = {n: (1.0 if n == "c1" else 1.5) for n in name.values()}
