@@ -598,11 +598,13 @@ def _leased(*trial_ids: int, lease_seconds: float = 120.0) -> dict[str, Any]:
     return {"trials": [_trial(i) for i in trial_ids], "lease_seconds": lease_seconds}
 
 
-def _scripted_agent(answers: dict[str, list[tuple[int, Any]]]) -> tuple[Any, ScriptedServer]:
+def _scripted_agent(answers: dict[str, list[tuple[int, Any]]],
+                    quiet: threading.Lock | None = None) -> tuple[Any, ScriptedServer]:
     from workers.agent import WorkerAgent
 
     server = ScriptedServer(answers)
-    agent = WorkerAgent("http://tuner.test", "bootstrap-token", name="scripted", wait_s=0)
+    agent = WorkerAgent("http://tuner.test", "bootstrap-token", name="scripted", wait_s=0,
+                        quiet=quiet)
     agent._api._http = httpx.Client(base_url="http://tuner.test", transport=httpx.MockTransport(
         server), headers={"Authorization": "Bearer bootstrap-token"})
     agent._measurer = FakeMeasurer()  # type: ignore[assignment]
@@ -631,6 +633,37 @@ def test_agent_rides_out_503_drops_a_409_and_deregisters() -> None:
     assert agent._api._http.is_closed
     assert {auth for _, p, auth in server.calls if p.startswith("/api/v1/workers/7")} == {
         "Bearer tok-7"}
+
+
+def test_agent_holds_quiet_while_it_measures_and_not_while_it_calls_the_server(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The embedded fleet's lock, which the server's planning waits for: held through
+    each measurement, free through every call to the server (a result's report, whose
+    next pass plans on it, included) and once the worker stops."""
+    quiet = threading.Lock()
+    agent, _server = _scripted_agent({
+        "POST /api/v1/workers": [(201, {"id": 7, "token": "tok-7"})],
+        "POST lease": [(200, _leased(1, 2))],
+        "POST results": [(200, ACCEPTED), (200, ACCEPTED)],
+    }, quiet)
+    seen: list[tuple[str, bool]] = []
+    measure, answer = agent._measurer.measure, ScriptedServer.__call__
+
+    def measuring(request: Any) -> MeasureResult:
+        seen.append(("measure", quiet.locked()))
+        return measure(request)
+
+    def serving(server: ScriptedServer, request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path.rsplit("/", 1)[-1], quiet.locked()))
+        return answer(server, request)
+
+    agent._measurer.measure = measuring
+    monkeypatch.setattr(ScriptedServer, "__call__", serving)
+    assert agent.run(max_trials=2) == 2
+    assert [s for s in seen if s[0] in ("measure", "results")] == [
+        ("measure", True), ("results", False)] * 2
+    assert not any(held for what, held in seen if what != "measure")
+    assert not quiet.locked()
 
 
 def test_agent_whose_token_is_revoked_stops_saying_so(caplog: pytest.LogCaptureFixture

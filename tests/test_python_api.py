@@ -358,6 +358,41 @@ def test_follow_hands_each_trial_its_own_record(live: LiveServer) -> None:
         assert client.job(other).status.final
 
 
+def test_follow_asks_for_a_tasks_trials_only_when_its_count_grew(live: LiveServer) -> None:
+    """Every poll reads the job; a task's trial list is asked for only when the task
+    measured more since the last poll (a model's job has tens of tasks, most of them
+    idle at any one poll). Two tasks polled while idle, then measured: one page each."""
+    worker = FakeWorker(live, cost=lambda index: 1e-3)
+    wider = Workload(template=DENSE.template, args=[
+        ["TENSOR", [1, 16], "float32"], ["TENSOR", [4, 16], "float32"], None, "float32"])
+    with tuner.Client(live.url, live.tokens["client"]) as client:
+        job_id = client.submit([DENSE, wider], TARGET, n_trial=2, tuner="random",
+                               verify_top=0)
+        asked: list[int] = []
+        trials = client.trials
+
+        def counting(job: int, task: int, after: int | None = None) -> Any:
+            asked.append(task)
+            return trials(job, task, after)
+
+        client.trials = counting  # type: ignore[method-assign]
+        polls = 0
+
+        def check() -> None:  # between polls: idle twice, then every trial measured
+            nonlocal polls
+            polls += 1
+            if polls == 3:
+                while worker.measure(8):
+                    pass
+                live._server.config.app.state.scheduler.run_pass()  # ends the job
+
+        seen: list[tuner.Trial] = []
+        job = client.follow(job_id, [seen.append], check=check)
+    assert job.status.final and polls >= 3
+    assert sorted((t.task, t.number) for t in seen) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert sorted(asked) == sorted(task.id for task in job.tasks)
+
+
 def test_tune_best_is_this_jobs_own(live: LiveServer) -> None:
     """TuneResult.best is the cheapest working trial of the job itself, not a cheaper
     record another job stored for the same workload and device; a tuner the server does

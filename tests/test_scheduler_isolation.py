@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -421,3 +422,34 @@ def test_redis_that_lost_its_data_is_refilled_by_the_resync(
     with sqlite_sessions.begin() as session:
         assert queue.resync(session, time.time()) == 8
     assert len(_lease(sqlite_sessions, queue, worker_id)) == 8
+
+
+def test_no_pass_runs_while_a_kernel_is_timed_beside_the_scheduler(
+        sqlite_sessions: sessionmaker[Session]) -> None:
+    """The embedded fleet's worker holds ``quiet`` while it times a kernel on the CPU
+    the server shares: the scheduler's background passes wait for it, then plan."""
+    with sqlite_sessions.begin() as session:
+        job_id = _submit(session)
+        _worker(session)
+    quiet = threading.Lock()
+    passes: list[float] = []
+    run = Scheduler(sqlite_sessions, SqlQueue(), interval=0.05,
+                    on_pass=lambda _stats: passes.append(time.time()), quiet=quiet)
+    quiet.acquire()  # a kernel is being timed
+    try:
+        run.start()
+        time.sleep(0.5)
+        assert passes == []
+    finally:
+        released = time.time()
+        quiet.release()
+    try:
+        deadline = time.time() + 10
+        while not passes and time.time() < deadline:
+            time.sleep(0.02)
+    finally:
+        run.stop()
+    assert passes and passes[0] >= released
+    with sqlite_sessions() as session:
+        [task] = _tasks(session, job_id)
+        assert len(_trials(session, task.id)) == 4

@@ -140,6 +140,10 @@ class EmbeddedFleet:
         self.failure: Exception | None = None
         self.url = ""
         self.client_token = ""
+        # Held by the worker while it measures a trial; the server's planning and a
+        # client following the job (``Client.follow``) hold it too, so none of them runs
+        # beside a kernel being timed on the cores they share.
+        self.quiet = threading.Lock()
 
     def __enter__(self) -> Self:
         self.start()
@@ -166,7 +170,7 @@ class EmbeddedFleet:
         self.client_token = tokens["client"]
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
-        app = create_app(Settings(database_url=self._database_url))
+        app = create_app(Settings(database_url=self._database_url), self.quiet)
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                                      log_level="warning"))
         self._threads.append(threading.Thread(target=self._server.run, daemon=True))
@@ -180,7 +184,8 @@ class EmbeddedFleet:
         # worker of this name and target. It leases a batch at a time, whose kernels are
         # built ahead on every core before any is timed.
         self.agent = WorkerAgent(self.url, tokens["worker"], self._device, name=EMBEDDED,
-                                 batch=lease_batch(), wait_s=1.0)
+                                 batch=lease_batch(), wait_s=1.0,
+                                 quiet=self.quiet)
         self.agent.register()
         worker = threading.Thread(target=self._work, daemon=True)
         worker.start()

@@ -130,7 +130,8 @@ def tune(model_or_tasks: Tasks, target: str | Target, n_trial: int = 64,
         best = _BestOfJob(len(workloads))
         try:
             job = client.follow(job_id, [*callbacks, best],
-                                check=fleet.check if fleet else None)
+                                check=fleet.check if fleet else None,
+                                quiet=fleet.quiet if fleet else None)
         except WorkerStopped as err:
             client.cancel(job_id)
             raise WorkerStopped(f"{err}; job {job_id} cancelled") from None

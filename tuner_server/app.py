@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -61,8 +61,10 @@ def _redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the app; refuses a database whose schema this code does not know."""
+def create_app(settings: Settings | None = None,
+               quiet: AbstractContextManager[object] | None = None) -> FastAPI:
+    """Build the app; refuses a database whose schema this code does not know.
+    ``quiet``: the lock an embedded worker holds while it times a kernel (``Scheduler``)."""
     settings = settings or Settings()
     engine = make_engine(settings.database_url)
     check_schema(engine, settings.database_url)
@@ -84,7 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def on_pass(stats: PassStats) -> None:
         metrics.expired(stats.requeued + stats.given_up)
 
-    scheduler = Scheduler(sessions, queue, settings.scheduler_interval, on_pass)
+    scheduler = Scheduler(sessions, queue, settings.scheduler_interval, on_pass, quiet)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

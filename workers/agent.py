@@ -29,6 +29,7 @@ import signal
 import socket
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from pydantic import ValidationError
@@ -63,8 +64,11 @@ def _outage(err: ApiError) -> bool:
 class WorkerAgent:
     def __init__(self, server: str, token: str | None, device: str | None = None,
                  name: str | None = None, batch: int = 1, wait_s: float = 10.0,
-                 heartbeat_s: float = 10.0, extra_modules: tuple[str, ...] = ()) -> None:
+                 heartbeat_s: float = 10.0, extra_modules: tuple[str, ...] = (),
+                 quiet: AbstractContextManager[object] | None = None) -> None:
         self._token = token  # registers; the answer's token does the rest
+        # held while a trial is measured: the embedded server plans only between trials
+        self._quiet = quiet or nullcontext()
         self.stopping = threading.Event()
         # Retried for as long as the worker serves; no more once it is told to stop.
         self._api = TunerClient(server, token, timeout=REQUEST_TIMEOUT_S, retries=None,
@@ -312,7 +316,8 @@ class WorkerAgent:
             self._current = trial_id
         log.info("measuring trial %s (%s)", trial_id, trial.template)
         try:
-            result = self.measure_trial(trial, request)
+            with self._quiet:
+                result = self.measure_trial(trial, request)
         finally:
             with self._lock:
                 self._current = None

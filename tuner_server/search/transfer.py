@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,12 +64,15 @@ class GlobalModels:
     With ``background``, a due fit runs on a thread of its own and ``get`` answers the
     last fitted model meanwhile (None before the first): a fit takes about a second at
     10,000 records, and a scheduler pass must not wait for it. A tuner holds the
-    :meth:`latest` provider, so it picks up a model that lands after it was made."""
+    :meth:`latest` provider, so it picks up a model that lands after it was made.
+    ``quiet`` (see ``Scheduler``) is held through a background fit: it runs on every core."""
 
-    def __init__(self, refit_growth: float = 0.2, min_new: int = 64) -> None:
+    def __init__(self, refit_growth: float = 0.2, min_new: int = 64,
+                 quiet: AbstractContextManager[object] | None = None) -> None:
         self._models: dict[tuple[str, str], tuple[int, GlobalModel | None]] = {}
         self._fitting: dict[tuple[str, str], threading.Thread] = {}
         self._lock = threading.Lock()
+        self._quiet = quiet or nullcontext()
         self.refit_growth, self.min_new = refit_growth, min_new
 
     def get(self, template: Template, target_kind: str, count: Callable[[], int],
@@ -109,7 +113,8 @@ class GlobalModels:
 
     def _fit_apart(self, key: tuple[str, str], template: Template, n: int,
                    load: Callable[[], Iterable[Example]], previous: GlobalModel | None) -> None:
-        model = self._fitted(key, template, load, previous)
+        with self._quiet:
+            model = self._fitted(key, template, load, previous)
         with self._lock:
             self._models[key] = (n, model)
             self._fitting.pop(key, None)

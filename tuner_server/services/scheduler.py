@@ -14,7 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -713,13 +713,20 @@ def plan_once(session: Session, queue: DispatchQueue, state: SearchState | None 
 class Scheduler:
     """Runs ``plan_once`` every ``interval`` seconds in a background thread, tells the
     queue what it planned and requeued, and has the queue resync with the trials table
-    every ``RESYNC_EVERY_S`` (the first pass included: a restart repairs at once)."""
+    every ``RESYNC_EVERY_S`` (the first pass included: a restart repairs at once).
+
+    ``quiet``: held by a worker of this process while it measures a trial (the
+    embedded fleet, whose device is the CPU the server runs on); a pass, and a global
+    model's fit, hold it too, so neither runs beside a kernel being timed: a pass fits
+    a task's cost model and anneals, a fit takes every core for up to a second."""
 
     def __init__(self, sessions: sessionmaker[Session], queue: DispatchQueue,
-                 interval: float = 0.2, on_pass: Callable[[PassStats], None] | None = None):
+                 interval: float = 0.2, on_pass: Callable[[PassStats], None] | None = None,
+                 quiet: AbstractContextManager[object] | None = None):
         self._sessions, self._queue, self._interval = sessions, queue, interval
         self._on_pass = on_pass
-        self.search = SearchState(sessions=sessions)
+        self._quiet = quiet or nullcontext()
+        self.search = SearchState(global_models=GlobalModels(quiet=quiet), sessions=sessions)
         self._next_resync = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tuner-scheduler", daemon=True)
@@ -769,7 +776,8 @@ class Scheduler:
         while not self._stop.is_set():
             start = time.time()
             try:
-                self.run_pass()
+                with self._quiet:
+                    self.run_pass()
             except Exception:  # keep planning: a failed pass is retried next tick
                 log.exception("scheduler pass failed")
             self._stop.wait(max(self._interval - (time.time() - start), 0.01))
