@@ -46,6 +46,7 @@ from tuner_server.services.scheduler import (
     VERIFY_MIN_ROUNDS,
     VERIFY_ROUNDS,
     SearchState,
+    _turned,
     plan_once,
 )
 
@@ -134,8 +135,8 @@ def _state(session: Session, job_id: int) -> tuple[str, str, int]:
 def test_a_task_ends_by_verifying_its_best_configs_and_the_default_interleaved(
         sessions: sessionmaker[Session]) -> None:
     """At its budget a task plans VERIFY_MIN_ROUNDS rounds of its 3 cheapest configs
-    other than the default, then the default, leased in that interleaved order with
-    twice the repeats; a config failing a round makes one round more (VERIFY_ROUNDS in
+    other than the default, then the default, leased in that interleaved order turned by
+    one a round (c1, c2, c3, d, then c2, c3, d, c1) with twice the repeats; a config failing a round makes one round more (VERIFY_ROUNDS in
     all); they count in no counter, the job runs until they are in, and then the
     config whose verified median is lowest wins records/best, the pretuned log and a
     build reading the database, although its search record was not the cheapest."""
@@ -172,7 +173,7 @@ def test_a_task_ends_by_verifying_its_best_configs_and_the_default_interleaved(
     for rounds in (range(1, VERIFY_MIN_ROUNDS + 1), [VERIFY_ROUNDS]):
         if expected:  # the third config failed its second round: the winner is in doubt
             assert len(_plan(sessions, state)) == 4
-        now = [(r, i) for r in rounds for i in [*top, DEFAULT]]
+        now = [(r, i) for r in rounds for i in _turned([*top, DEFAULT], r)]
         order = _measure(sessions, worker, {(r, i): verified[i][r - 1] for r, i in now})
         assert [(r, i) for r, i, _ in order] == now
         assert all(m["repeat"] == 6 and m["min_repeat_ms"] == 100.0 and m["number"] == 1
@@ -229,7 +230,7 @@ def test_the_verified_default_is_the_one_the_task_planned(
         verifying = [(t.verify_round, t.config_index) for t in session.scalars(
             select(TrialRow).where(TrialRow.verify_round > 0).order_by(TrialRow.id))]
     assert verifying == [(r, i) for r in range(1, VERIFY_MIN_ROUNDS + 1)
-                         for i in [*searched[1:4], planned_default]]
+                         for i in _turned([*searched[1:4], planned_default], r)]
 
 
 def test_verify_top_zero_ends_the_task_at_its_budget(sessions: sessionmaker[Session]) -> None:
@@ -312,8 +313,8 @@ def test_a_third_round_only_while_the_winner_is_in_doubt(
         costs: dict[str, tuple[float | None, ...]], more: bool) -> None:
     """After VERIFY_MIN_ROUNDS rounds the task ends when one config led every other by
     VERIFY_MARGIN in each round and every config was measured each time; otherwise one
-    more round of the same configs, in the same order, and then it ends whatever they
-    say. The winner is the rule's either way (lowest upper median)."""
+    more round of the same configs, the first round's order turned by two, and then it
+    ends whatever they say. The winner is the rule's either way (lowest upper median)."""
     state = SearchState()
     worker = _worker(sessions)
     job_id, searched = _searched(sessions, state, n_trial=4)
@@ -330,7 +331,7 @@ def test_a_third_round_only_while_the_winner_is_in_doubt(
     if more:
         order = _measure(sessions, worker, table)
         assert [(r, name[i]) for r, i, _ in order] == [
-            (VERIFY_ROUNDS, n) for n in ("c1", "c2", "c3", "d")]
+            (VERIFY_ROUNDS, n) for n in ("c3", "d", "c1", "c2")]
         assert _plan(sessions, state) == []
     with sessions() as session:
         assert _state(session, job_id) == ("done", "done", 4)
@@ -540,7 +541,8 @@ def test_embedded_tune_ends_verified_and_records_best_is_the_verified_winner(
     configs = list(dict.fromkeys(r[0] for r in rows))
     rounds = len(rows) // 4
     assert len(configs) == 4 and VERIFY_MIN_ROUNDS <= rounds <= VERIFY_ROUNDS
-    assert [r[0] for r in rows] == configs * rounds  # measured interleaved
+    # measured interleaved, each round's order the first's turned by one
+    assert [r[0] for r in rows] == [i for r in range(1, rounds + 1) for i in _turned(configs, r)]
     workload = Workload(template="conv2d_nchw.cuda", args=json.loads(conv[3]))
     assert get_template(workload.template).default_config(workload).index in configs
     medians = {}

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from pydantic import ValidationError
@@ -61,6 +61,7 @@ WARN_EVERY_S = 60.0
 VERIFY_MIN_ROUNDS = 2
 VERIFY_ROUNDS = 3
 VERIFY_MARGIN = 1.05
+_T = TypeVar("_T")
 # Trial ids in one ``IN (...)`` when a task's pending trials are looked up.
 ID_CHUNK = 5000
 OUTSTANDING = (TrialStatus.QUEUED, TrialStatus.LEASED)
@@ -335,9 +336,10 @@ def _verification(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow
     default config when the search ran it (the one it planned first, ``default_index``;
     a task from before that was kept: the template's default without device limits), so
     the default competes on equal terms,
-    ``VERIFY_MIN_ROUNDS`` rounds of them interleaved (c1, c2, c3, d, c1, c2, c3, d): a
-    drift in the device's speed (load, clocks, heat) then falls on every config alike
-    (``_next_round`` adds a round while they leave the winner in doubt).
+    ``VERIFY_MIN_ROUNDS`` rounds of them interleaved, each round's order turned by one
+    (c1, c2, c3, d, then c2, c3, d, c1): a drift in the device's speed (load, clocks,
+    heat) then falls on every config alike, and no config has the same place in a batch
+    every round (``_next_round`` adds a round while they leave the winner in doubt).
     Empty when fewer than two configs qualify: there is nothing to choose between."""
     default = task.default_index
     if default is None:
@@ -357,7 +359,17 @@ def _verification(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow
     queue = queue_name(Target.parse(job.target))
     return [TrialRow(task_id=task.id, queue=queue, config=config, config_index=index,
                      status=TrialStatus.QUEUED, attempts=0, verify_round=round_)
-            for round_ in range(1, VERIFY_MIN_ROUNDS + 1) for index, config in configs]
+            for round_ in range(1, VERIFY_MIN_ROUNDS + 1)
+            for index, config in _turned(configs, round_)]
+
+
+def _turned(configs: Sequence[_T], round_: int) -> list[_T]:
+    """A verification round's order: the first round's, turned by one a round. Of a
+    ResNet-50 tuning's rounds planned in one order, the last config of the first round
+    (always the default) measured 1.16x its fastest round, the others 1.02-1.11x (medians
+    over 43 tasks; docs/BENCHMARKS.md)."""
+    shift = (round_ - 1) % len(configs)
+    return [*configs[shift:], *configs[:shift]]
 
 
 def _decided(costs: dict[int, list[float | None]]) -> bool:
@@ -401,7 +413,7 @@ def _next_round(session: Session, task: TaskRow) -> list[TrialRow]:
         return []
     return [TrialRow(task_id=task.id, queue=queue, config=config, config_index=index,
                      status=TrialStatus.QUEUED, attempts=0, verify_round=rounds + 1)
-            for index, (config, queue) in configs.items()]
+            for index, (config, queue) in _turned(list(configs.items()), rounds + 1)]
 
 
 def _end_search(session: Session, job: JobRow, task: TaskRow) -> Sequence[QueuedTrial]:
