@@ -83,6 +83,7 @@ def compare(before: list[dict[str, Any]], rounds: int) -> None:
     from compiler.runtime.measure import (
         MeasureRequest,
         operand_buffers,
+        plain_output,
         request_kernel,
         task_operands,
     )
@@ -122,7 +123,8 @@ def compare(before: list[dict[str, Any]], rounds: int) -> None:
             device.run(programs[form], k, buffers)
             device.synchronize()
             compile_s[form] = time.perf_counter() - began
-            got = device.download(buffers[-1], k.buffers[-1].shape)
+            got = plain_output(template, request,
+                               device.download(buffers[-1], k.buffers[-1].shape))
             err = float(np.abs(got - want).max())
             if err > 1e-3 * max(1.0, float(np.abs(want).max())):
                 raise SystemExit(f"{name} config {index} {form}: max abs error {err}")

@@ -63,6 +63,7 @@ def one(seed: int, index: int) -> dict[str, Any]:
     from compiler.runtime.measure import (
         MeasureRequest,
         operand_buffers,
+        plain_output,
         request_kernel,
         task_operands,
     )
@@ -107,7 +108,8 @@ def one(seed: int, index: int) -> dict[str, Any]:
         device.run(programs[form], kernels[form], buffers)
         device.synchronize()
         out[form] = {"build": built - start, "launch1": time.perf_counter() - built}
-        got = device.download(buffers[-1], kernel.buffers[-1].shape)
+        got = plain_output(template, request,
+                           device.download(buffers[-1], kernel.buffers[-1].shape))
         err = float(np.abs(got - want).max())
         if err > 1e-3 * max(1.0, float(np.abs(want).max())):
             raise SystemExit(f"{form}: max abs error {err} against numpy")

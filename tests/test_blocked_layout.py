@@ -398,3 +398,36 @@ def test_resnet50_latency_plain_against_blocked(device: Device,
               f"{len(costs['plain NCHW'])}: " + "; ".join(
                   f"{label} {min(c) * 1e3:.1f} / {np.median(c) * 1e3:.1f}"
                   for label, c in costs.items()))
+
+
+def test_a_trial_times_a_cpu_conv_in_the_layout_a_build_runs_it(device: Device) -> None:
+    """What a trial builds and checks: each CPU conv template's kernel reading its data
+    in NCHW16c (a stem's 3 channels plain) and writing its own oc_bn, its output taken
+    back to NCHW for the check against numpy, which it passes (error 0); a template
+    without blocked layouts is timed plain."""
+    from compiler.runtime.measure import MeasureRequest, measure, request_kernel
+
+    stem = nchwc_workload(1, 3, 32, 16, 7, 2, 3)
+    cases = [(NAME, WORKLOADS["res2.3x3"], 16), (NAME, stem, 0),
+             ("conv2d_NCHWc_1x1.x86", WORKLOADS["res5.1x1"], 16),
+             ("conv2d_NCHWc_winograd.x86", WORKLOADS["res2.3x3"], 16)]
+    rng = random.Random(5)
+    for name, args, data_block in cases:
+        template = get_template(name)
+        workload = Workload(template=name, args=args.args)
+        for config in (template.default_config(workload, device.limits),
+                       template.random_config(workload, rng, device.limits)):
+            request = MeasureRequest(name, workload, config, MeasureOptions(
+                number=1, repeat=1, min_repeat_ms=0))
+            io = template.measure_io(workload, config)
+            assert io == IOLayout(data_block, template.out_block(workload, config)), name
+            _template, kernel = request_kernel(device, request)
+            op = template.parse(workload)
+            assert kernel.buffers[0].shape == blocked_shape(op.input_shapes[0], data_block)
+            assert kernel.buffers[-1].shape == blocked_shape(op.output_shape, io.out_block)
+            result = measure(device, request)
+            assert result.error_no == 0, (name, config.index, result.error_msg)
+    dense = get_template("dense_pack.x86")
+    dense_workload = Workload(template="dense_pack.x86", args=[
+        ["TENSOR", [1, 64], "float32"], ["TENSOR", [32, 64], "float32"], None, "float32"])
+    assert dense.measure_io(dense_workload, dense.default_config(dense_workload)) is None

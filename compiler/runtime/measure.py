@@ -25,6 +25,7 @@ from compiler.templates import (
     WorkloadError,
     get_template,
 )
+from compiler.templates.base import from_blocked
 from schemas import Config, MeasureErrorNo, MeasureOptions, MeasureResult, Workload
 
 # Launches timed back to back behind one hold at most: CUDA queues about a thousand
@@ -143,7 +144,8 @@ def request_kernel(device: Device, request: MeasureRequest) -> tuple[Template, K
                            f"config does not fit {device.info.name}: " + "; ".join(problems))
     try:
         kernel = template.codegen(request.workload, request.config, device.dialect,
-                                  request.epilogue)
+                                  request.epilogue,
+                                  template.measure_io(request.workload, request.config))
     except (WorkloadError, ConfigError) as err:
         raise TrialFailure(MeasureErrorNo.INSTANTIATION_ERROR, str(err)) from None
     except Exception as err:  # noqa: BLE001
@@ -175,13 +177,21 @@ def operand_buffers(device: Device, template: Template, kernel: Kernel,
     out = kernel.buffers[-1]
     arrays, _reference = task_operands(request.template, request.workload, request.epilogue,
                                        request.seed)
+    io = template.measure_io(request.workload, request.config)
     buffers = [device.upload(a) for a in template.kernel_inputs(request.workload,
-                                                                request.config, arrays)]
+                                                                request.config, arrays, io)]
     out_buf = device.alloc(out.shape, out.dtype)
     dtype = np.dtype(out.dtype)
     device.write(out_buf, np.full(out.shape, _fill_value(dtype), dtype=dtype))
     buffers.append(out_buf)
     return buffers
+
+
+def plain_output(template: Template, request: MeasureRequest, out: np.ndarray) -> np.ndarray:
+    """A trial's output as the reference has it (NCHW), from the layout it was timed in
+    (``Template.measure_io``)."""
+    io = template.measure_io(request.workload, request.config)
+    return from_blocked(out, io.out_block) if io is not None else out
 
 
 def _measure(device: Device, request: MeasureRequest,
@@ -207,7 +217,8 @@ def _measure(device: Device, request: MeasureRequest,
         if opts.check_correctness:
             _arrays, reference = task_operands(request.template, request.workload,
                                                request.epilogue, request.seed)
-            got = device.download(out_buf, out.shape, out.dtype)
+            got = plain_output(template, request, device.download(out_buf, out.shape,
+                                                                  out.dtype))
             ok, why = max_abs_error_ok(got, reference(), opts)
             if not ok:
                 return fail(MeasureErrorNo.WRONG_ANSWER, why)

@@ -174,6 +174,11 @@ class Epilogue:
         return out.astype(np.int32)
 
 
+# The channel block a trial feeds a ``blocked_io`` template's data in: what the layer
+# before writes in a model build (its oc_bn; the 16-lane defaults write 16, 32 or 64)
+MEASURE_DATA_BLOCK = 16
+
+
 @dataclass(frozen=True)
 class IOLayout:
     """Physical layout of a kernel's activations (data input, output, fused residual):
@@ -498,13 +503,30 @@ class Template(ABC):
         readers can take it (0: plain NCHW): the compiler's layout plan asks this."""
         return 0
 
-    def kernel_inputs(self, workload: Workload, config: Config,
-                      arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def measure_io(self, workload: Workload, config: Config) -> IOLayout | None:
+        """The activations' layout a trial times ``config`` in (None: plain NCHW): a
+        ``blocked_io`` template as a model build runs it between convs, its output in its
+        own block and its data in ``MEASURE_DATA_BLOCK`` (plain where that does not
+        divide the channels: a graph input, such as a stem's 3). Timed in plain NCHW, a
+        config's rank among its task's was another than in the model (ResNet-50's tuned
+        picks ran 0.79-1.19x the default's time blocked where they were 1.00-1.16x
+        faster plain; docs/BENCHMARKS.md), and a conv2d_NCHWc.x86 record is AutoTVM's
+        NCHW[ic_bn]c -> NCHW[oc_bn]c kernel's cost."""
+        if not self.blocked_io:
+            return None
+        channels = self.input_shapes(workload)[0][1]
+        data = MEASURE_DATA_BLOCK if channels % MEASURE_DATA_BLOCK == 0 else 0
+        return IOLayout(data_block=data, out_block=self.out_block(workload, config))
+
+    def kernel_inputs(self, workload: Workload, config: Config, arrays: list[np.ndarray],
+                      io: IOLayout | None = None) -> list[np.ndarray]:
         """The operator's inputs (as ``make_inputs`` and the reference see them) in the
-        form the kernel's input buffers take."""
+        form the kernel's input buffers take: the weight packed, the data in ``io``'s
+        block."""
+        data = to_blocked(arrays[0], io.data_block) if io is not None else arrays[0]
         if not self.packs_weight:
-            return arrays
-        return [arrays[0], self.pack_weight(workload, config, arrays[1]), *arrays[2:]]
+            return [data, *arrays[1:]]
+        return [data, self.pack_weight(workload, config, arrays[1]), *arrays[2:]]
 
     def make_inputs(self, workload: Workload, epilogue: Epilogue,
                     rng: np.random.Generator) -> list[np.ndarray]:
