@@ -1,0 +1,64 @@
+"""What following a tuning job costs the embedded server, poll by poll (issue 17).
+
+``tuner tune`` follows its job every ``POLL_S`` while the worker beside the server
+times kernels on the same cores. On a finished job's database (``bench/models.py
+--database-url``): this process's CPU for reading the job view, for the first poll's
+trial lists (every trial handed on) and for a poll with nothing new, ``--rounds`` times.
+
+    .venv/bin/python bench/follow_poll.py --database-url sqlite:////tmp/r50.db
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from common import print_header
+
+from tuner.client import Client, _Handed
+from tuner.embedded import EmbeddedFleet
+
+
+def cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--database-url", required=True, help="a SQLite URL (copied first)")
+    p.add_argument("--job", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "follow.db"
+        shutil.copy(args.database_url.removeprefix("sqlite:///"), copy)
+        fleet = EmbeddedFleet(f"sqlite:///{copy}", "opencl:0")
+        fleet.start()
+        try:
+            print_header("bench/follow_poll.py", "none (the server's CPU only)")
+            with Client(fleet.url, fleet.client_token, timeout=60) as client:
+                for _ in range(args.rounds):
+                    began, wall = cpu(), time.perf_counter()
+                    job = client.job(args.job)
+                    viewed = cpu()
+                    handed = _Handed(len(job.tasks))
+                    trials = client._new_trials(job, handed)
+                    first = cpu()
+                    client._new_trials(job, handed)
+                    idle = cpu()
+                    print(f"job view {(viewed - began) * 1e3:.1f} ms CPU; first poll's trials "
+                          f"{(first - viewed) * 1e3:.1f} ms ({len(trials)} trials); a poll "
+                          f"with nothing new {(idle - first) * 1e3:.1f} ms ({len(job.tasks)} "
+                          f"tasks); wall {(time.perf_counter() - wall) * 1e3:.0f} ms")
+        finally:
+            fleet.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""Does a tuning's pick beat the template's default where the build runs it? (issue 17)
+
+For a tuning database (``bench/models.py --database-url``), every CPU conv task whose
+build choice (the records' rule, as ``tuner.build`` takes it) is not the template's
+default: both configs timed on the local OpenCL device in alternating rounds, each in
+plain NCHW (how trials were timed before they took the build's layout) and in the
+layout a model build runs them in (``Template.measure_io``: data NCHW16c, output in the
+config's own oc_bn), each output checked against numpy first. Then the verification's
+noise: per round and place in the round, a verified measurement over the fastest of its
+config's rounds (medians over the tasks), which is 1.0 on a quiet device.
+
+    .venv/bin/python bench/tuned_picks.py --database-url sqlite:////tmp/r50.db
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import numpy as np
+import sqlalchemy as sa
+from common import print_header
+
+import tuner
+from compiler.records import choose_configs
+from compiler.runtime import Device, open_device
+from compiler.runtime.measure import max_abs_error_ok
+from compiler.templates import Epilogue, IOLayout, get_template
+from compiler.templates.base import from_blocked, to_blocked
+from schemas import Config, MeasureOptions, Workload
+
+CHECK = MeasureOptions(number=1, repeat=1, min_repeat_ms=0)
+RUNS = 5  # launches per timing
+
+
+def prepared(device: Device, workload: Workload, config: Config, blocked: bool
+             ) -> Callable[[], float]:
+    """Seconds per launch of ``config`` (``RUNS`` back to back, wall clock), its output
+    checked against numpy first."""
+    template = get_template(workload.template)
+    arrays = template.make_inputs(workload, Epilogue(), np.random.default_rng(0))
+    io = template.measure_io(workload, config) if blocked else IOLayout()
+    io = io or IOLayout()
+    kernel = template.codegen(workload, config, device.dialect, Epilogue(), io)
+    program = device.build(kernel)
+    buffers = [device.upload(np.ascontiguousarray(to_blocked(arrays[0], io.data_block))),
+               device.upload(template.pack_weight(workload, config, arrays[1]))]
+    out = device.alloc(kernel.buffers[-1].shape)
+    device.run(program, kernel, [*buffers, out])
+    got = from_blocked(device.download(out, kernel.buffers[-1].shape), io.out_block)
+    ok, why = max_abs_error_ok(got, template.reference(workload, arrays), CHECK)
+    if not ok:
+        raise SystemExit(f"{workload.template} config {config.index}: differs from numpy: {why}")
+
+    def timed() -> float:
+        device.run(program, kernel, [*buffers, out])
+        began = time.perf_counter()
+        for _ in range(RUNS):
+            device.launch(program, kernel, [*buffers, out])
+        device.synchronize()
+        return (time.perf_counter() - began) / RUNS
+    return timed
+
+
+def workloads_of(url: str) -> list[Workload]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            keys = conn.execute(sa.text("SELECT DISTINCT workload_key FROM records")).scalars()
+            found = [Workload(template=t, args=a) for t, a in map(json.loads, keys)]
+    finally:
+        engine.dispose()
+    return [w for w in found if get_template(w.template).blocked_io]
+
+
+def picks(device: Device, url: str, rounds: int) -> None:
+    choices = choose_configs(workloads_of(url), tuner.records.database(url),
+                             device.target, device.limits)
+    print("| template | data | weight | stride | default / pick, plain | default / pick, "
+          "as built | default ms, as built | pick ms, as built |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    ratios: dict[bool, list[float]] = {False: [], True: []}
+    same = 0
+    for choice in choices:
+        workload = choice.workload
+        default = get_template(workload.template).default_config(workload, device.limits)
+        if choice.record is None or choice.config.index == default.index:
+            same += 1
+            continue
+        runs = {(name, blocked): prepared(device, workload, config, blocked)
+                for name, config in (("default", default), ("pick", choice.config))
+                for blocked in (False, True)}
+        times: dict[tuple[str, bool], list[float]] = {key: [] for key in runs}
+        for r in range(rounds):
+            for key in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                times[key].append(runs[key]())
+        med = {key: statistics.median(v) for key, v in times.items()}
+        for blocked in (False, True):
+            ratios[blocked].append(med[("default", blocked)] / med[("pick", blocked)])
+        args = workload.args
+        print(f"| {workload.template} | {args[0][1]} | {args[1][1]} | {args[2][0]} | "
+              f"{ratios[False][-1]:.3f} | {ratios[True][-1]:.3f} | "
+              f"{med[('default', True)] * 1e3:.3f} | {med[('pick', True)] * 1e3:.3f} |")
+    for blocked, label in ((False, "plain"), (True, "as built")):
+        if ratios[blocked]:
+            geo = float(np.exp(np.mean(np.log(ratios[blocked]))))
+            print(f"# default / pick, geomean over {len(ratios[blocked])} tasks, {label}: "
+                  f"{geo:.3f} (> 1: the picks are faster)")
+    print(f"# {same} of {len(choices)} tasks build the default config")
+
+
+def verification_noise(url: str) -> None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(
+                "SELECT r.workload_key, r.verified_config, r.mean_cost, t.verify_round, t.id "
+                "FROM records r JOIN trials t ON t.id = r.trial_id "
+                "WHERE r.verified_config IS NOT NULL AND r.error_no = 0 ORDER BY t.id")).all()
+    finally:
+        engine.dispose()
+    by_task: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
+    for key, config, cost, round_, _trial in rows:
+        by_task[key].append((round_, config, cost))
+    over: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for measured in by_task.values():
+        fastest: dict[int, float] = {}
+        for _round, config, cost in measured:
+            fastest[config] = min(cost, fastest.get(config, cost))
+        places: dict[int, int] = defaultdict(int)
+        for round_, config, cost in measured:
+            over[(round_, places[round_])].append(cost / fastest[config])
+            places[round_] += 1
+    print("\n| round | place | measurements | over its fastest round: median | mean |")
+    print("|---:|---:|---:|---:|---:|")
+    for (round_, place), values in sorted(over.items()):
+        print(f"| {round_} | {place + 1} | {len(values)} | {statistics.median(values):.3f} | "
+              f"{statistics.mean(values):.3f} |")
+    every = [v for values in over.values() for v in values]
+    if every:
+        print(f"# all {len(every)} verified measurements: median {statistics.median(every):.3f}, "
+              f"mean {statistics.mean(every):.3f} of their config's fastest round; "
+              f"{len(by_task)} tasks")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--database-url", required=True)
+    p.add_argument("--device", default="opencl:0")
+    p.add_argument("--rounds", type=int, default=7, help="alternating timing rounds")
+    args = p.parse_args(argv)
+    device = open_device(args.device)
+    print_header("bench/tuned_picks.py", device.info.name)
+    picks(device, args.database_url, args.rounds)
+    verification_noise(args.database_url)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
