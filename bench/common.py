@@ -140,3 +140,29 @@ def print_header(script: str, device_name: str, extra: str = "") -> None:
     print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
     print(f"# host: {cpu_model()}, {os.cpu_count()} CPUs | device {device_name} | "
           f"{git_revision()}{extra}")
+
+
+def checked_launch(device: Any, workload: Any, config: Any, io: Any) -> Callable[[], Any]:
+    """``config``'s kernel built on ``device`` with activations in ``io``'s layout, run
+    once on seeded operands and its output checked against numpy (SystemExit if it
+    differs); returns one launch of it, not waited on."""
+    from compiler.runtime.measure import max_abs_error_ok
+    from compiler.templates import Epilogue
+    from compiler.templates.base import from_blocked, to_blocked
+    from schemas import MeasureOptions
+
+    template = get_template(workload.template)
+    arrays = template.make_inputs(workload, Epilogue(), np.random.default_rng(0))
+    kernel = template.codegen(workload, config, device.dialect, Epilogue(), io)
+    program = device.build(kernel)
+    args = [device.upload(np.ascontiguousarray(to_blocked(arrays[0], io.data_block))),
+            device.upload(template.pack_weight(workload, config, arrays[1])),
+            device.alloc(kernel.buffers[-1].shape)]
+    device.run(program, kernel, args)
+    got = from_blocked(device.download(args[-1], kernel.buffers[-1].shape), io.out_block)
+    ok, why = max_abs_error_ok(got, template.reference(workload, arrays),
+                               MeasureOptions(number=1, repeat=1, min_repeat_ms=0))
+    if not ok:
+        raise SystemExit(f"{workload.template} {workload.args[:3]} config {config.index}: "
+                         f"differs from numpy: {why}")
+    return lambda: device.launch(program, kernel, args)

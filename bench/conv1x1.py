@@ -47,14 +47,13 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from common import offered_defaults, onnxruntime_conv, print_header
+from common import checked_launch, offered_defaults, onnxruntime_conv, print_header
 from layers import Layer, conv_layers, select
 
 from compiler.runtime import Device, open_device
 from compiler.runtime.measure import max_abs_error_ok
 from compiler.tasks import CONV1X1_CPU, CONV_CPU
 from compiler.templates import Epilogue, IOLayout, get_template
-from compiler.templates.base import from_blocked, to_blocked
 from schemas import DeviceLimits, MeasureOptions, Workload
 
 DATA_BLOCK = 16  # what the layer before writes by default (its oc_bn)
@@ -72,22 +71,13 @@ def prepared(device: Device, workload: Workload, blocked: bool,
     against numpy."""
     template = get_template(workload.template)
     config = template.default_config(workload, limits)
-    arrays = template.make_inputs(workload, Epilogue(), np.random.default_rng(0))
-    want = template.reference(workload, arrays)
-    data_block = DATA_BLOCK if arrays[0].shape[1] % DATA_BLOCK == 0 else 0
-    io = (IOLayout(data_block, template.out_block(workload, config)) if blocked
-          else IOLayout())
-    kernel = template.codegen(workload, config, device.dialect, Epilogue(), io)
-    program = device.build(kernel)
-    buffers = [device.upload(np.ascontiguousarray(to_blocked(arrays[0], io.data_block))),
-               device.upload(template.pack_weight(workload, config, arrays[1]))]
-    out = device.alloc(kernel.buffers[-1].shape)
-    device.run(program, kernel, [*buffers, out])
-    got = from_blocked(device.download(out, kernel.buffers[-1].shape), io.out_block)
-    ok, why = max_abs_error_ok(got, want, CHECK)
-    if not ok:
-        raise SystemExit(f"{workload.template} {workload.args[:3]}: differs from numpy: {why}")
-    return lambda: device.run(program, kernel, [*buffers, out])
+    io = template.measure_io(workload, config) if blocked else None  # as a build runs it
+    launch = checked_launch(device, workload, config, io or IOLayout())
+
+    def run() -> None:
+        launch()
+        device.synchronize()
+    return run
 
 
 def onnxruntime_prepared(workload: Workload) -> Callable[[], None]:
@@ -165,9 +155,9 @@ def lanes_main(device: Device, models: list[str], rounds: int,
 
 def model_main(device: Device, name: str, rounds: int, clock: Callable[[], float]) -> int:
     """``--model``: the Winograd build against Winograd + the 1x1 template."""
+    import onnxruntime as ort
     from winograd import light_model
 
-    import onnxruntime as ort
     from compiler.build_module import build, load_graph
     from compiler.passes import optimize
     from compiler.records import MemorySource

@@ -24,18 +24,15 @@ import statistics
 import sys
 from collections.abc import Callable
 
-import numpy as np
-from common import print_header
-from conv1x1 import CHECK, DATA_BLOCK, cpu_seconds
+from common import checked_launch, print_header
+from conv1x1 import cpu_seconds
 
 from compiler.build_module import load_graph
 from compiler.frontend.samples import light_path
 from compiler.passes import optimize
 from compiler.runtime import Device, open_device
-from compiler.runtime.measure import max_abs_error_ok
 from compiler.tasks import CONV1X1_CPU, CONV_CPU, WINOGRAD_CPU, extract_tasks
-from compiler.templates import Epilogue, IOLayout, get_template
-from compiler.templates.base import from_blocked, to_blocked
+from compiler.templates import IOLayout, get_template
 from schemas import Config, DeviceLimits, Workload
 
 # label -> knob overrides of the default config (reg_n: the largest factor of OW up to
@@ -77,22 +74,14 @@ def variant(workload: Workload, overrides: dict[str, int]) -> Config:
 def prepared(device: Device, workload: Workload, config: Config) -> Callable[[], None]:
     """One launch of ``config`` on blocked data, its output checked against numpy."""
     template = get_template(workload.template)
-    arrays = template.make_inputs(workload, Epilogue(), np.random.default_rng(0))
-    want = template.reference(workload, arrays)
-    # a build's first conv reads the plain NCHW image
-    data_block = DATA_BLOCK if arrays[0].shape[1] % DATA_BLOCK == 0 else 0
-    io = IOLayout(data_block, template.out_block(workload, config))
-    kernel = template.codegen(workload, config, device.dialect, Epilogue(), io)
-    program = device.build(kernel)
-    buffers = [device.upload(np.ascontiguousarray(to_blocked(arrays[0], io.data_block))),
-               device.upload(template.pack_weight(workload, config, arrays[1]))]
-    out = device.alloc(kernel.buffers[-1].shape)
-    device.run(program, kernel, [*buffers, out])
-    got = from_blocked(device.download(out, kernel.buffers[-1].shape), io.out_block)
-    ok, why = max_abs_error_ok(got, want, CHECK)
-    if not ok:
-        raise SystemExit(f"{workload.args[:3]} {config}: differs from numpy: {why}")
-    return lambda: device.run(program, kernel, [*buffers, out])
+    # as a build runs it: a build's first conv reads the plain NCHW image
+    launch = checked_launch(device, workload, config,
+                            template.measure_io(workload, config) or IOLayout())
+
+    def run() -> None:
+        launch()
+        device.synchronize()
+    return run
 
 
 def direct_only(name: str, device: Device, every: bool) -> list[tuple[Workload, int]]:

@@ -23,14 +23,12 @@ from collections.abc import Callable
 
 import numpy as np
 import sqlalchemy as sa
-from common import print_header
+from common import checked_launch, print_header
 
 import tuner
 from compiler.records import choose_configs
 from compiler.runtime import Device, open_device
-from compiler.runtime.measure import max_abs_error_ok
-from compiler.templates import Epilogue, IOLayout, get_template
-from compiler.templates.base import from_blocked, to_blocked
+from compiler.templates import IOLayout, get_template
 from schemas import Config, MeasureOptions, Workload
 
 CHECK = MeasureOptions(number=1, repeat=1, min_repeat_ms=0)
@@ -42,25 +40,15 @@ def prepared(device: Device, workload: Workload, config: Config, blocked: bool
     """Seconds per launch of ``config`` (``RUNS`` back to back, wall clock), its output
     checked against numpy first."""
     template = get_template(workload.template)
-    arrays = template.make_inputs(workload, Epilogue(), np.random.default_rng(0))
-    io = template.measure_io(workload, config) if blocked else IOLayout()
-    io = io or IOLayout()
-    kernel = template.codegen(workload, config, device.dialect, Epilogue(), io)
-    program = device.build(kernel)
-    buffers = [device.upload(np.ascontiguousarray(to_blocked(arrays[0], io.data_block))),
-               device.upload(template.pack_weight(workload, config, arrays[1]))]
-    out = device.alloc(kernel.buffers[-1].shape)
-    device.run(program, kernel, [*buffers, out])
-    got = from_blocked(device.download(out, kernel.buffers[-1].shape), io.out_block)
-    ok, why = max_abs_error_ok(got, template.reference(workload, arrays), CHECK)
-    if not ok:
-        raise SystemExit(f"{workload.template} config {config.index}: differs from numpy: {why}")
+    io = (template.measure_io(workload, config) if blocked else None) or IOLayout()
+    launch = checked_launch(device, workload, config, io)
 
     def timed() -> float:
-        device.run(program, kernel, [*buffers, out])
+        launch()
+        device.synchronize()
         began = time.perf_counter()
         for _ in range(RUNS):
-            device.launch(program, kernel, [*buffers, out])
+            launch()
         device.synchronize()
         return (time.perf_counter() - began) / RUNS
     return timed
