@@ -1,9 +1,11 @@
 """What following a tuning job costs the embedded server, poll by poll (issue 17).
 
 ``tuner tune`` follows its job every ``POLL_S`` while the worker beside the server
-times kernels on the same cores. On a finished job's database (``bench/models.py
---database-url``): this process's CPU for reading the job view, for the first poll's
-trial lists (every trial handed on) and for a poll with nothing new, ``--rounds`` times.
+times kernels on the same cores. On a copy of a finished job's database (``bench/models.py
+--database-url``), the embedded fleet started on it (its scheduler's passes find no active
+job, its worker nothing to lease): this process's CPU for reading the job view, for the
+first poll's trial lists (every trial handed on) and for a poll with nothing new,
+``--rounds`` times.
 
     .venv/bin/python bench/follow_poll.py --database-url sqlite:////tmp/r50.db
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import resource
-import shutil
+import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -36,11 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "follow.db"
-        shutil.copy(args.database_url.removeprefix("sqlite:///"), copy)
+        # SQLite's backup: what the write-ahead log still holds comes along
+        with sqlite3.connect(args.database_url.removeprefix("sqlite:///")) as source, \
+                sqlite3.connect(copy) as target:
+            source.backup(target)
         fleet = EmbeddedFleet(f"sqlite:///{copy}", "opencl:0")
         fleet.start()
         try:
-            print_header("bench/follow_poll.py", "none (the server's CPU only)")
+            print_header("bench/follow_poll.py", "opencl:0 (the embedded worker's; it "
+                         "measures nothing here: the job has ended)")
             with Client(fleet.url, fleet.client_token, timeout=60) as client:
                 for _ in range(args.rounds):
                     began, wall = cpu(), time.perf_counter()

@@ -106,22 +106,24 @@ def verification_noise(url: str) -> None:
     try:
         with engine.connect() as conn:
             rows = conn.execute(sa.text(
-                "SELECT r.workload_key, r.verified_config, r.mean_cost, t.verify_round, t.id "
-                "FROM records r JOIN trials t ON t.id = r.trial_id "
-                "WHERE r.verified_config IS NOT NULL AND r.error_no = 0 ORDER BY t.id")).all()
+                "SELECT t.task_id, t.verify_round, t.config_index, r.mean_cost, r.error_no "
+                "FROM trials t JOIN records r ON r.trial_id = t.id "
+                "WHERE t.verify_round > 0 ORDER BY t.id")).all()
     finally:
         engine.dispose()
-    by_task: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
-    for key, config, cost, round_, _trial in rows:
-        by_task[key].append((round_, config, cost))
+    by_task: dict[int, list[tuple[int, int, float | None]]] = defaultdict(list)
+    for task, round_, config, cost, error_no in rows:  # a failed one keeps its place
+        by_task[task].append((round_, config, cost if error_no == 0 else None))
     over: dict[tuple[int, int], list[float]] = defaultdict(list)
     for measured in by_task.values():
         fastest: dict[int, float] = {}
         for _round, config, cost in measured:
-            fastest[config] = min(cost, fastest.get(config, cost))
+            if cost is not None:
+                fastest[config] = min(cost, fastest.get(config, cost))
         places: dict[int, int] = defaultdict(int)
         for round_, config, cost in measured:
-            over[(round_, places[round_])].append(cost / fastest[config])
+            if cost is not None:
+                over[(round_, places[round_])].append(cost / fastest[config])
             places[round_] += 1
     print("\n| round | place | measurements | over its fastest round: median | mean |")
     print("|---:|---:|---:|---:|---:|")

@@ -22,9 +22,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from compiler.runtime import Device, open_device
-from compiler.runtime.measure import MeasureRequest, measure
+from compiler.runtime.measure import MeasureRequest, measure, request_kernel
 from compiler.tasks import CONV_CPU
-from compiler.templates import Epilogue, get_template
+from compiler.templates import get_template
 from schemas import Config, MeasureOptions, Record, Workload
 from schemas.record import read_lines
 
@@ -84,7 +84,8 @@ def fill(workload: Workload, device: Device, want: int, path: Path = CACHE) -> N
     def prebuild(config: Config) -> None:
         try:
             with lock:
-                kernel = template.codegen(workload, config, device.dialect, Epilogue())
+                _template, kernel = request_kernel(device, MeasureRequest(
+                    template.name, workload, config))  # the kernel measure() builds
             device.build(kernel)
         except Exception:  # the measurer reports it with its error number
             pass

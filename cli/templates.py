@@ -42,14 +42,15 @@ def codegen(
         help="fused ops in order, e.g. bias,relu,add or bias,clip:0:6 (ops: bias, add, relu, "
              "clip:LO:HI, leaky_relu:A, hard_sigmoid:A:B, hard_swish, silu)"),
 ) -> None:
-    """Print the kernel source of one config, with its launch shape."""
+    """Print the kernel source of one config as a trial times it, with its launch shape."""
     if dialect not in ("cuda", "opencl"):
         fail(f"--dialect: {dialect!r} is not cuda or opencl")
     tmpl = load_template(template)
     wl = load_workload(tmpl, workload)
     cfg = load_config(tmpl, wl, config, index)
     try:
-        kernel = tmpl.codegen(wl, cfg, dialect, Epilogue.parse(epilogue))
+        kernel = tmpl.codegen(wl, cfg, dialect, Epilogue.parse(epilogue),
+                              tmpl.measure_io(wl, cfg))
     except ConfigError as err:
         fail(f"--config: {err}")
     except ValueError as err:

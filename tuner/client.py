@@ -140,8 +140,9 @@ class Client:
         """Poll the job until it ends (every ``POLL_S``), handing each measured trial,
         with the record the server stored for it, to ``callbacks`` (those measured
         before first); ``check`` runs at every poll and raises if the job can no
-        longer end. ``quiet`` is held through each poll: the embedded fleet's lock, so
-        the server answers the poll between trials, not beside a kernel being timed."""
+        longer end. ``quiet`` is held through each poll's requests (not the callbacks):
+        the embedded fleet's lock, so the server answers them between trials, not beside
+        a kernel being timed."""
         hooks = [as_callback(c) for c in callbacks]
         with quiet or nullcontext():
             job = self.job(job_id)
@@ -150,12 +151,13 @@ class Client:
             hook.on_start(job)
         try:
             while True:
-                with quiet or nullcontext():
-                    for trial in self._new_trials(job, handed):
-                        for hook in hooks:
-                            hook.on_trial(trial)
+                with quiet or nullcontext():  # the callbacks run after: the worker goes on
+                    trials = self._new_trials(job, handed)
+                for trial in trials:
                     for hook in hooks:
-                        hook.on_update(job)
+                        hook.on_trial(trial)
+                for hook in hooks:
+                    hook.on_update(job)
                 if job.status.final:
                     return job
                 if check is not None:

@@ -390,9 +390,10 @@ def _decided(costs: dict[int, list[float | None]]) -> bool:
 
 def _next_round(session: Session, task: TaskRow) -> list[TrialRow]:
     """One more verification round of a task whose rounds so far are all in, the same
-    configs in the same order; none when they decide the winner (``_decided``, on one
-    device: a job for a bare target may have its rounds measured on several models,
-    which the rule ranks apart) or the task had ``VERIFY_ROUNDS``."""
+    configs in the first round's order turned (``_turned``); none when they decide the
+    winner (``_decided``, on one device: a job for a bare target may have its rounds
+    measured on several models, which the rule ranks apart) or the task had
+    ``VERIFY_ROUNDS``."""
     rows = session.execute(
         select(TrialRow.config_index, TrialRow.config, TrialRow.verify_round,
                TrialRow.queue, RecordRow.mean_cost, RecordRow.error_no, RecordRow.target)
