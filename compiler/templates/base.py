@@ -507,11 +507,11 @@ class Template(ABC):
         """The activations' layout a trial times ``config`` in (None: plain NCHW): a
         ``blocked_io`` template as a model build runs it between convs, its output in its
         own block and its data in ``MEASURE_DATA_BLOCK`` (plain where that does not
-        divide the channels: a graph input, such as a stem's 3). Timed in plain NCHW, a
-        config's rank among its task's was another than in the model (ResNet-50's tuned
-        picks ran 0.79-1.19x the default's time blocked where they were 1.00-1.16x
-        faster plain; docs/BENCHMARKS.md), and a conv2d_NCHWc.x86 record is AutoTVM's
-        NCHW[ic_bn]c -> NCHW[oc_bn]c kernel's cost."""
+        divide the channels: a graph input, such as a stem's 3). Timed in plain NCHW,
+        configs ranked otherwise than in the model (a ResNet-50 tuning's picks, 1.06x
+        faster than the defaults plain, ran at 0.93x their speed as built;
+        docs/BENCHMARKS.md), and a conv2d_NCHWc.x86 record is AutoTVM's NCHW[ic_bn]c ->
+        NCHW[oc_bn]c kernel's cost."""
         if not self.blocked_io:
             return None
         channels = self.input_shapes(workload)[0][1]
