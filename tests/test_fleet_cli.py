@@ -666,6 +666,33 @@ def test_agent_holds_quiet_while_it_measures_and_not_while_it_calls_the_server(
     assert not quiet.locked()
 
 
+def test_a_result_says_the_layout_its_kernel_was_timed_in() -> None:
+    """A CPU conv's record keeps the activations' layout its trial was timed in (its
+    cost is of that kernel: records timed before have none); a stem's 3 channels are
+    read plain; a template without a choice of layout says nothing."""
+    from compiler.templates import get_template
+    from schemas import Config, Workload
+    from workers.agent import MeasureRequest, _layout
+
+    def request(template: str, c: int, k: int, size: int, kernel: int) -> MeasureRequest:
+        workload = Workload(template=template, args=[
+            ["TENSOR", [1, c, size, size], "float32"], ["TENSOR", [k, c, kernel, kernel],
+                                                        "float32"],
+            [1, 1], [kernel // 2] * 4, [1, 1], "NCHW", "NCHW", "float32"])
+        return MeasureRequest(template, workload,
+                              get_template(template).default_config(workload))
+
+    conv = request("conv2d_NCHWc.x86", 64, 128, 14, 3)
+    oc_bn = get_template(conv.template).out_block(conv.workload, conv.config)
+    assert _layout(conv) == f"NCHW16c->NCHW{oc_bn}c"
+    stem = request("conv2d_NCHWc.x86", 3, 64, 32, 7)
+    assert _layout(stem) == (
+        f"NCHW->NCHW{get_template(stem.template).out_block(stem.workload, stem.config)}c")
+    dense = Workload(template=DENSE, args=DENSE_ARGS)
+    assert _layout(MeasureRequest(DENSE, dense, Config(index=0, entity=[]))) is None
+    assert _layout(MeasureResult.failure(MeasureErrorNo.INSTANTIATION_ERROR, "x")) is None
+
+
 def test_agent_whose_token_is_revoked_stops_saying_so(caplog: pytest.LogCaptureFixture
                                                        ) -> None:
     """A result answered 401 (the token was revoked, or another process registered as

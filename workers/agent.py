@@ -36,6 +36,7 @@ from pydantic import ValidationError
 
 from compiler.runtime.isolate import IsolatedMeasurer
 from compiler.runtime.measure import MeasureRequest
+from compiler.templates import get_template
 from schemas import Config, MeasureErrorNo, MeasureOptions, MeasureResult, Workload
 from schemas.api import LeasedTrial, TrialResult, WorkerRegistration
 from schemas.text import first_problem, one_line
@@ -323,18 +324,23 @@ class WorkerAgent:
                 self._current = None
         if self._aborted or self._no_longer_ours(trial_id):  # goes back, or is not ours
             return
-        self._report(trial_id, result)
+        self._report(trial_id, result, _layout(request))
         self.measured += 1
         with self._lock:
             if trial_id in self._held:
                 self._held.remove(trial_id)
 
-    def _report(self, trial_id: int, result: MeasureResult) -> None:
-        """Post one result. A 4xx or a server that fails on it repeatedly drops it (its
-        lease expires: the server retries or fails the trial), but a 401/403, which means
-        this worker's token was revoked, stops the worker (raised). Stopping, a server
-        still down after about a lease is given up on: the result is dropped."""
+    def _report(self, trial_id: int, result: MeasureResult, layout: str | None = None
+                ) -> None:
+        """Post one result, with the device's name and the layout the kernel was timed in
+        (``_layout``) kept in its record's info. A 4xx or a server that fails on it
+        repeatedly drops it (its lease expires: the server retries or fails the trial),
+        but a 401/403, which means this worker's token was revoked, stops the worker
+        (raised). Stopping, a server still down after about a lease is given up on: the
+        result is dropped."""
         info = {"device": self._measurer.device_info.name} if self._measurer.device_info else {}
+        if layout is not None:
+            info["layout"] = layout
         worker_id = self._worker()
 
         def post(measured: MeasureResult) -> None:
@@ -411,3 +417,18 @@ def _text(err: BaseException) -> str:
     """An exception as one bounded line: its type, and its message."""
     message = first_problem(err) if isinstance(err, ValidationError) else str(err)
     return one_line(f"{type(err).__name__}: {message}", MAX_MESSAGE)
+
+
+def _layout(request: MeasureRequest | MeasureResult) -> str | None:
+    """The activations' layout a trial's kernel is timed in, where a template has a
+    choice (``Template.measure_io``), e.g. ``NCHW16c->NCHW64c``: records timed before the
+    trials took the build's layout have none, and their costs are of plain NCHW kernels."""
+    if not isinstance(request, MeasureRequest):
+        return None
+    try:
+        io = get_template(request.template).measure_io(request.workload, request.config)
+    except Exception:  # noqa: BLE001 - the measurement reports what is wrong with it
+        return None
+    if io is None:
+        return None
+    return "->".join(f"NCHW{b}c" if b else "NCHW" for b in (io.data_block, io.out_block))
