@@ -3,9 +3,10 @@
 ``tuner tune`` follows its job every ``POLL_S`` while the worker beside the server
 times kernels on the same cores. On a copy of a finished job's database (``bench/models.py
 --database-url``), the embedded fleet started on it (its scheduler's passes find no active
-job, its worker nothing to lease): this process's CPU for reading the job view, for the
-first poll's trial lists (every trial handed on) and for a poll with nothing new,
-``--rounds`` times.
+job, its worker nothing to lease): this process's CPU for reading the job view, for every
+task's trial list (the first page, then asked again with nothing new: what each poll
+asked before ``Client.follow`` skipped tasks whose count had not grown; it now asks none
+of them) and for ``Client.follow`` of the ended job (one poll), ``--rounds`` times.
 
     .venv/bin/python bench/follow_poll.py --database-url sqlite:////tmp/r50.db
 """
@@ -16,12 +17,11 @@ import argparse
 import resource
 import sqlite3
 import tempfile
-import time
 from pathlib import Path
 
 from common import print_header
 
-from tuner.client import Client, _Handed
+from tuner.client import Client
 from tuner.embedded import EmbeddedFleet
 
 
@@ -49,18 +49,24 @@ def main(argv: list[str] | None = None) -> int:
                          "measures nothing here: the job has ended)")
             with Client(fleet.url, fleet.client_token, timeout=60) as client:
                 for _ in range(args.rounds):
-                    began, wall = cpu(), time.perf_counter()
+                    began = cpu()
                     job = client.job(args.job)
                     viewed = cpu()
-                    handed = _Handed(len(job.tasks))
-                    trials = client._new_trials(job, handed)
+                    last = {}  # each task's first page: the first poll's lists
+                    for task in job.tasks:
+                        page = client.trials(job.id, task.id).items
+                        last[task.id] = page[-1].id if page else None
                     first = cpu()
-                    client._new_trials(job, handed)
-                    idle = cpu()
-                    print(f"job view {(viewed - began) * 1e3:.1f} ms CPU; first poll's trials "
-                          f"{(first - viewed) * 1e3:.1f} ms ({len(trials)} trials); a poll "
-                          f"with nothing new {(idle - first) * 1e3:.1f} ms ({len(job.tasks)} "
-                          f"tasks); wall {(time.perf_counter() - wall) * 1e3:.0f} ms")
+                    for task in job.tasks:  # every task asked again: nothing new
+                        client.trials(job.id, task.id, after=last[task.id])
+                    every = cpu()
+                    client.follow(job.id)  # an ended job: one poll, as Client.follow asks
+                    followed = cpu()
+                    print(f"job view {(viewed - began) * 1e3:.1f} ms CPU; every task's "
+                          f"trials, first page {(first - viewed) * 1e3:.1f} ms, asked again "
+                          f"with nothing new {(every - first) * 1e3:.1f} ms ({len(job.tasks)} "
+                          f"tasks); Client.follow of the ended job {(followed - every) * 1e3:.1f}"
+                          " ms")
         finally:
             fleet.close()
     return 0
