@@ -67,10 +67,20 @@ DEFAULT_TOP_K = 3
 READ_REPEAT_MS, READ_ROUNDS = 20.0, 7
 
 
-def data_block(choice: Choice) -> int:
-    """The channel block the layer's record was timed reading its data in
-    (``Template.measure_io``; 0: plain): the record's cost is for that block, reading any
-    other costs the measured penalty."""
+def data_block(choice: Choice, channels: int) -> int:
+    """The channel block a blocked layer reads its data in fastest: its config's ic_bn
+    (AutoTVM's ``tile_ic`` split, inner factor), else the widest of 16, 8, 4, 2 that
+    divides ``channels``."""
+    values = get_template(choice.workload.template).decode(choice.workload, choice.config)
+    tile = values.get("tile_ic")
+    if isinstance(tile, (tuple, list)) and tile:
+        return int(tile[-1])
+    return next((b for b in (16, 8, 4, 2) if channels % b == 0), 0)
+
+
+def timed_block(choice: Choice) -> int:
+    """The data block the layer's record was timed reading (``Template.measure_io``; 0:
+    plain): its cost is for that block, so a read penalty is measured against it."""
     template = get_template(choice.workload.template)
     io = template.measure_io(choice.workload, choice.config)
     return io.data_block if io is not None else 0
@@ -82,7 +92,7 @@ class Option:
 
     choice: Choice
     cost: float
-    in_block: int  # the data block its record was timed reading (``data_block``)
+    in_block: int  # the data block its record was timed reading (``timed_block``)
     out_block: int  # the block it writes (and reads a residual in fastest)
 
 
@@ -210,7 +220,7 @@ def layer_options(nodes: Sequence[Node], source: RecordSource | None, target: Ta
                     continue
                 choice = Choice(wl, template.name, record.config, THIS_DEVICE, record,
                                 ranked.item.origin, None)
-                key = (template.name, data_block(choice),
+                key = (template.name, timed_block(choice),
                        template.out_block(wl, record.config))
                 if key not in layouts:
                     layouts[key] = Option(choice, record.result.mean_cost, key[1], key[2])
@@ -401,7 +411,7 @@ def tune_layouts(graph: Graph, plan: Mapping[Node, Choice], layouts: Mapping[Nod
                    and o.choice.config == chosen.config), None)
         if at is None:
             options[i].append(Option(chosen, chosen.cost if chosen.cost is not None
-                                     else math.inf, data_block(chosen),
+                                     else math.inf, timed_block(chosen),
                                      get_template(chosen.template).out_block(
                                          chosen.workload, chosen.config)))
             at = len(options[i]) - 1
