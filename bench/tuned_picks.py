@@ -29,9 +29,8 @@ import tuner
 from compiler.records import choose_configs
 from compiler.runtime import Device, open_device
 from compiler.templates import IOLayout, get_template
-from schemas import Config, MeasureOptions, Workload
+from schemas import Config, Workload
 
-CHECK = MeasureOptions(number=1, repeat=1, min_repeat_ms=0)
 RUNS = 5  # launches per timing
 
 

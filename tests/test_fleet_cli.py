@@ -670,9 +670,9 @@ def test_a_result_says_the_layout_its_kernel_was_timed_in() -> None:
     """A CPU conv's record keeps the activations' layout its trial was timed in (its
     cost is of that kernel: records timed before have none); a stem's 3 channels are
     read plain; a template without a choice of layout says nothing."""
+    from compiler.runtime.measure import MeasureRequest, timed_layout
     from compiler.templates import get_template
     from schemas import Config, Workload
-    from workers.agent import MeasureRequest, _layout
 
     def request(template: str, c: int, k: int, size: int, kernel: int) -> MeasureRequest:
         workload = Workload(template=template, args=[
@@ -684,13 +684,14 @@ def test_a_result_says_the_layout_its_kernel_was_timed_in() -> None:
 
     conv = request("conv2d_NCHWc.x86", 64, 128, 14, 3)
     oc_bn = get_template(conv.template).out_block(conv.workload, conv.config)
-    assert _layout(conv) == f"NCHW16c->NCHW{oc_bn}c"
+    assert timed_layout(conv) == f"NCHW16c->NCHW{oc_bn}c"
     stem = request("conv2d_NCHWc.x86", 3, 64, 32, 7)
-    assert _layout(stem) == (
+    assert timed_layout(stem) == (
         f"NCHW->NCHW{get_template(stem.template).out_block(stem.workload, stem.config)}c")
     dense = Workload(template=DENSE, args=DENSE_ARGS)
-    assert _layout(MeasureRequest(DENSE, dense, Config(index=0, entity=[]))) is None
-    assert _layout(MeasureResult.failure(MeasureErrorNo.INSTANTIATION_ERROR, "x")) is None
+    unknown = Config(index=0, entity=[])
+    assert timed_layout(MeasureRequest(DENSE, dense, unknown)) is None
+    assert timed_layout(MeasureRequest("no_such_template", dense, unknown)) is None
 
 
 def test_agent_whose_token_is_revoked_stops_saying_so(caplog: pytest.LogCaptureFixture

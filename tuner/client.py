@@ -144,14 +144,15 @@ class Client:
         the embedded fleet's lock, so the server answers them between trials, not beside
         a kernel being timed."""
         hooks = [as_callback(c) for c in callbacks]
-        with quiet or nullcontext():
+        hold = quiet or nullcontext()
+        with hold:
             job = self.job(job_id)
         handed = _Handed(len(job.tasks))
         for hook in hooks:
             hook.on_start(job)
         try:
             while True:
-                with quiet or nullcontext():  # the callbacks run after: the worker goes on
+                with hold:  # the callbacks run after: the worker goes on
                     trials = self._new_trials(job, handed)
                 for trial in trials:
                     for hook in hooks:
@@ -163,7 +164,7 @@ class Client:
                 if check is not None:
                     check()
                 time.sleep(POLL_S)
-                with quiet or nullcontext():
+                with hold:
                     job = self.job(job_id)
         finally:
             for hook in hooks:

@@ -35,8 +35,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from compiler.runtime.isolate import IsolatedMeasurer
-from compiler.runtime.measure import MeasureRequest
-from compiler.templates import get_template
+from compiler.runtime.measure import MeasureRequest, timed_layout
 from schemas import Config, MeasureErrorNo, MeasureOptions, MeasureResult, Workload
 from schemas.api import LeasedTrial, TrialResult, WorkerRegistration
 from schemas.text import first_problem, one_line
@@ -324,7 +323,8 @@ class WorkerAgent:
                 self._current = None
         if self._aborted or self._no_longer_ours(trial_id):  # goes back, or is not ours
             return
-        self._report(trial_id, result, _layout(request))
+        layout = timed_layout(request) if isinstance(request, MeasureRequest) else None
+        self._report(trial_id, result, layout)
         self.measured += 1
         with self._lock:
             if trial_id in self._held:
@@ -333,7 +333,7 @@ class WorkerAgent:
     def _report(self, trial_id: int, result: MeasureResult, layout: str | None = None
                 ) -> None:
         """Post one result, with the device's name and the layout the kernel was timed in
-        (``_layout``) kept in its record's info. A 4xx or a server that fails on it
+        (``timed_layout``) kept in its record's info. A 4xx or a server that fails on it
         repeatedly drops it (its lease expires: the server retries or fails the trial),
         but a 401/403, which means this worker's token was revoked, stops the worker
         (raised). Stopping, a server still down after about a lease is given up on: the
@@ -418,17 +418,3 @@ def _text(err: BaseException) -> str:
     message = first_problem(err) if isinstance(err, ValidationError) else str(err)
     return one_line(f"{type(err).__name__}: {message}", MAX_MESSAGE)
 
-
-def _layout(request: MeasureRequest | MeasureResult) -> str | None:
-    """The activations' layout a trial's kernel is timed in, where a template has a
-    choice (``Template.measure_io``), e.g. ``NCHW16c->NCHW64c``: records timed before the
-    trials took the build's layout have none, and their costs are of plain NCHW kernels."""
-    if not isinstance(request, MeasureRequest):
-        return None
-    try:
-        io = get_template(request.template).measure_io(request.workload, request.config)
-    except Exception:  # noqa: BLE001 - the measurement reports what is wrong with it
-        return None
-    if io is None:
-        return None
-    return "->".join(f"NCHW{b}c" if b else "NCHW" for b in (io.data_block, io.out_block))

@@ -194,6 +194,21 @@ def plain_output(template: Template, request: MeasureRequest, out: np.ndarray) -
     return from_blocked(out, io.out_block) if io is not None else out
 
 
+def timed_layout(request: MeasureRequest) -> str | None:
+    """The activations' layout a trial's kernel is timed in where its template has a
+    choice (``Template.measure_io``), e.g. ``NCHW16c->NCHW64c``, as a record's info keeps
+    it: records timed before trials took the build's layout have none, and their costs
+    are of plain NCHW kernels. None also for a request that does not decode (its
+    measurement reports why)."""
+    try:
+        io = get_template(request.template).measure_io(request.workload, request.config)
+    except Exception:  # noqa: BLE001 - the measurement reports what is wrong with it
+        return None
+    if io is None:
+        return None
+    return "->".join(f"NCHW{b}c" if b else "NCHW" for b in (io.data_block, io.out_block))
+
+
 def _measure(device: Device, request: MeasureRequest,
              stage: Callable[[str], None]) -> MeasureResult:
     start = time.time()
