@@ -41,8 +41,9 @@ from tuner_server.services import dispatch, fleet
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"], responses=refusals(404, 409))
 
 
-def _worker(session: Session, worker_id: int) -> WorkerRow:
-    worker = dispatch.get_worker(session, worker_id)
+def _worker(session: Session, worker_id: int, seen: bool = False) -> WorkerRow:
+    """The worker (``seen``: its last_seen set to now, as a lease or report does)."""
+    worker = (dispatch.seen_worker if seen else dispatch.get_worker)(session, worker_id)
     if worker is None:
         raise HTTPException(404, f"worker {worker_id} is not registered")
     return worker
@@ -138,7 +139,7 @@ def _lease_once(state: State, worker_id: int, max_trials: int
     """One lease attempt in a session of its own: (trials leased, queues the worker
     serves)."""
     with state.sessions() as session:
-        worker = _worker(session, worker_id)
+        worker = _worker(session, worker_id, seen=True)
         with _refusals():
             trials, failed = dispatch.lease(session, state.queue, worker, max_trials,
                                             state.settings.lease_seconds)
@@ -178,7 +179,7 @@ def store_results(state: State, session: Session, worker_id: int,
                   body: Results) -> ResultsAccepted:
     """The results route's work (``api.hot`` answers most calls with it too); raises
     HTTPException, with nothing stored, for an unknown worker or a refused result."""
-    worker = _worker(session, worker_id)
+    worker = _worker(session, worker_id, seen=True)
     with _refusals():
         counts = dispatch.report(session, worker,
                                  [(r.trial_id, r.result, r.info) for r in body.results])
