@@ -11,14 +11,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from scheduler_sim import run_job
+from scheduler_sim import CONV, TARGET, fake_result, run_job
 from server_fixtures import BACKENDS, migrated_sessions
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from schemas import Record
-from schemas.api import TrialStatus
+from schemas import DeviceLimits, Record
+from schemas.api import JobRequest, TrialStatus
 from tuner_server.db.models import RecordRow, TaskRow, TrialRow
+from tuner_server.queue.sql import SqlQueue
+from tuner_server.services import dispatch, jobs
+from tuner_server.services.scheduler import SearchState, plan_once
 
 
 @pytest.fixture(params=BACKENDS)
@@ -48,3 +51,42 @@ def test_reported_rows(sessions: sessionmaker[Session]) -> None:
         best = min(costs)
         assert task.best_cost == best
         assert task.best_trial == costs.index(best) + 1
+
+
+def test_a_trial_whose_record_was_stored_first_is_a_duplicate(
+        sessions: sessionmaker[Session]) -> None:
+    """A report racing a store of one of its trials (its record committed by another
+    transaction while the trial still reads as leased here): that trial is a duplicate,
+    left as the other store left it, and the rest are stored and counted once."""
+    queue = SqlQueue()
+    with sessions.begin() as session:
+        jobs.submit(session, JobRequest(target=TARGET, tasks=[CONV], n_trial=8, plan_size=8,
+                                        tuner="random", verify_top=0))
+        worker_id = dispatch.register(session, "sim", TARGET, DeviceLimits(), None,
+                                      lease_s=600).id
+    with sessions.begin() as session:
+        plan_once(session, queue, SearchState())
+    with sessions.begin() as session:
+        worker = dispatch.get_worker(session, worker_id)
+        assert worker is not None
+        leased, _failed = dispatch.lease(session, queue, worker, 8, 600)
+    assert len(leased) == 8
+    first = leased[0].trial_id
+    with sessions.begin() as session:  # the other store: its record and its counters
+        trial = session.get(TrialRow, first)
+        assert trial is not None
+        assert dispatch._store(session, [(trial, fake_result(0), str(TARGET), None)]) == {first}
+        trial.status, trial.worker_id = TrialStatus.LEASED, worker_id  # as this report reads it
+    with sessions.begin() as session:
+        worker = dispatch.seen_worker(session, worker_id)
+        assert worker is not None
+        counts = dispatch.report(session, worker, [
+            (t.trial_id, fake_result(int(t.config["index"])), None) for t in leased])
+    assert (counts.accepted, counts.duplicates) == (7, 1)
+    with sessions() as session:
+        records = session.scalars(select(RecordRow)).all()
+        task = session.scalars(select(TaskRow)).one()
+    assert sorted(r.trial_id for r in records) == sorted(t.trial_id for t in leased)
+    assert task.trials_done == 8
+    assert [r.line["result"][0] for r in records if r.trial_id == first] == [
+        list(fake_result(0).costs)]

@@ -318,16 +318,21 @@ def import_lines(session: Session, lines: Iterable[str],
     return report
 
 
+def insert_or_skip(session: Session, table: Any) -> Any:
+    """An INSERT of ``table`` (a mapped class or a Table) that can skip rows a unique
+    index already holds (``on_conflict_do_nothing``), in the session's dialect."""
+    dialect = session.get_bind().dialect.name
+    return (sqlite_insert if dialect == "sqlite" else postgresql_insert)(table)
+
+
 def _insert_new(session: Session, records: Sequence[Record], source: str) -> int:
     """Store the records no stored row has the hash of, and return how many: the unique
     ``line_hash`` index decides (ON CONFLICT DO NOTHING), so concurrent imports of one
     log store one copy and an import reads no stored lines."""
-    dialect = session.get_bind().dialect.name
-    dialect_insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
     rows = [record_row(r, source) for r in records]
     inserted = 0
     for start in range(0, len(rows), BATCH):
-        statement = (dialect_insert(RecordRow)
+        statement = (insert_or_skip(session, RecordRow)
                      .on_conflict_do_nothing(index_elements=[RecordRow.line_hash])
                      .returning(RecordRow.id))
         inserted += len(session.execute(statement, rows[start:start + BATCH]).all())
