@@ -406,3 +406,40 @@ def test_a_corrupt_worker_row_is_refused_not_a_500(fleet: Fleet) -> None:
     [(recorded, record)] = fleet.records()
     assert recorded == held and str(record.target) == TARGET  # the job's target
     assert fleet.queued() and held not in fleet.lease(helper, helper_token, n=2)
+
+
+def test_a_lease_or_report_marks_the_worker_seen_and_a_refusal_does_not(fleet: Fleet) -> None:
+    """A lease or results call sets the worker's last_seen (what ``alive`` reads); one
+    refused with 409 (deregistered, or results for a trial it does not hold) leaves it
+    as it was: the refusal stores nothing."""
+    fleet.submit(n_trial=2)
+    fleet.run_pass()
+    worker_id, token = fleet.register("seen")
+
+    def last_seen() -> float:
+        with Session(fleet.db) as session:
+            return float(session.scalar(select(WorkerRow.last_seen)
+                                        .where(WorkerRow.id == worker_id)) or 0.0)
+
+    def age() -> float:
+        with Session(fleet.db) as session, session.begin():
+            session.execute(update(WorkerRow).where(WorkerRow.id == worker_id)
+                            .values(last_seen=time.time() - 3600))
+        return last_seen()
+
+    old = age()
+    [held] = fleet.lease(worker_id, token)
+    assert last_seen() > old + 3000
+    old = age()
+    refused = fleet.call(token, "POST", f"/api/v1/workers/{worker_id}/results",
+                         json=results(424242))
+    assert refused.status_code == 409 and last_seen() == old
+    stored = fleet.call(token, "POST", f"/api/v1/workers/{worker_id}/results",
+                        json=results(held))
+    assert stored.status_code == 200 and last_seen() > old + 3000
+    assert fleet.call(fleet.role("admin"), "DELETE",
+                      f"/api/v1/workers/{worker_id}").status_code == 200
+    old = age()
+    refused = fleet.call(fleet.role("admin"), "POST", f"/api/v1/workers/{worker_id}/lease",
+                         json={"wait_s": 0})
+    assert refused.status_code == 409 and last_seen() == old

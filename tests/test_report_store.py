@@ -88,5 +88,13 @@ def test_a_trial_whose_record_was_stored_first_is_a_duplicate(
         task = session.scalars(select(TaskRow)).one()
     assert sorted(r.trial_id for r in records) == sorted(t.trial_id for t in leased)
     assert task.trials_done == 8
-    assert [r.line["result"][0] for r in records if r.trial_id == first] == [
-        list(fake_result(0).costs)]
+    # the other store's record is the one kept (only the report's name the worker)
+    assert [r.trial_id for r in records if "worker" not in r.line.get("info", {})] == [first]
+    assert trial_status(sessions, first) == TrialStatus.LEASED  # the report left it alone
+
+
+def trial_status(sessions: sessionmaker[Session], trial_id: int) -> str:
+    with sessions() as session:
+        trial = session.get(TrialRow, trial_id)
+        assert trial is not None
+        return str(trial.status)

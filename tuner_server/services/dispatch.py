@@ -255,11 +255,11 @@ def deregister(session: Session, worker: WorkerRow) -> list[TrialRow]:
 Outcome = tuple[TrialRow, MeasureResult, str, dict[str, Any] | None]  # + device target
 
 
-TaskArgs = tuple[str, Any]  # a task row's template and args
+TaskParts = tuple[str, list[Any]]  # a task row's template and args
 
 
 def _store(session: Session, outcomes: list[Outcome],
-           tasks: dict[int, TaskArgs] | None = None) -> set[int]:
+           tasks: dict[int, TaskParts] | None = None) -> set[int]:
     """Record these trials' results and update their tasks; the ids of the trials
     stored. A trial whose record another report stored first (its ``trial_id``, or an
     identical line) is skipped by the INSERT itself (ON CONFLICT DO NOTHING: no
@@ -291,7 +291,7 @@ def _store(session: Session, outcomes: list[Outcome],
             trial.config_index if trial.verify_round else None)), trial_id=trial.id))
     # Core statements on the tables: the ORM's bulk paths cost more than the rows here
     records = RecordRow.__table__
-    stored = set(session.execute(insert_or_skip(session, records).on_conflict_do_nothing()
+    stored = set(session.execute(insert_or_skip(session, records)
                                  .returning(records.c.trial_id), rows).scalars())
     outcomes = [outcome for outcome in outcomes if outcome[0].id in stored]
     # the trials done in one statement per error number, not one UPDATE each; the
@@ -365,22 +365,26 @@ def report(session: Session, worker: WorkerRow,
     A repeat of a result this worker already stored (or of a trial cancelled while it
     held it) is a duplicate, so retries are safe. Any other trial (unknown, queued,
     leased to or measured by another worker) refuses the whole request: nothing is
-    stored. The trials are locked in one SELECT (id order; their tasks' workloads come
-    with them) and stored as one batch; should the batch hit a record stored first, it
-    goes again trial by trial. ``worker`` as ``seen_worker`` read it."""
+    stored. The trials are locked in one SELECT (id order; their tasks' template and
+    args come with them) and stored as one batch; a trial whose record (or an identical
+    line) was stored first is skipped by the INSERT and counted a duplicate. ``worker``
+    as ``seen_worker`` read it."""
     target = str(_served(worker)[0])
     counts = ReportCounts()
     ids = sorted({trial_id for trial_id, _result, _info in results})
     trials: dict[int, TrialRow] = {}
-    tasks: dict[int, TaskArgs] = {}
-    if ids:
+    tasks: dict[int, TaskParts] = {}
+    try:
         for trial, template, args in session.execute(
                 select(TrialRow, TaskRow.template, TaskRow.args)
                 .join(TaskRow, TaskRow.id == TrialRow.task_id)
                 .where(TrialRow.id.in_(ids)).order_by(TrialRow.id)
-                .with_for_update(of=TrialRow).execution_options(populate_existing=True)):
+                .with_for_update(of=TrialRow)
+                .execution_options(populate_existing=True)) if ids else ():
             trials[trial.id] = trial
             tasks[trial.task_id] = (template, args)
+    except ValueError as err:  # a task's args that do not read as JSON (SQLite's TEXT)
+        raise _undecodable(err) from None
     fresh: list[Outcome] = []
     taken: set[int] = set()
     refused: dict[int, str] = {}
@@ -403,16 +407,20 @@ def report(session: Session, worker: WorkerRow,
     try:
         stored = _store(session, fresh, tasks)
     except ValueError as err:
-        raise WorkerRefused(f"results refused, nothing stored: a trial's task does not "
-                            f"decode ({str(err)[:200]})") from None
+        raise _undecodable(err) from None
     counts.accepted += len(stored)
-    counts.duplicates += len(fresh) - len(stored)  # a concurrent report stored them first
+    counts.duplicates += len(fresh) - len(stored)  # stored first (or identical lines)
     return counts
+
+
+def _undecodable(err: ValueError) -> WorkerRefused:
+    return WorkerRefused(f"results refused, nothing stored: a trial's task does not "
+                         f"decode ({str(err)[:200]})")
 
 
 def _fail_lost(session: Session, trial: TrialRow, lost: int) -> bool:
     """Record a trial that lost ``lost`` workers (their leases expired) as failed, error
-    8; False when a concurrent report stored it first. The record's target is its last
+    8; False when a concurrent report stored it first (or an identical line is stored). The record's target is its last
     worker's, else the job's, else the trial's queue: the first that parses. A trial
     whose failure cannot be recorded (a corrupt row) is set aside as done with error 8
     and no record: it neither stops the caller nor comes back."""
@@ -432,7 +440,8 @@ def _fail_lost(session: Session, trial: TrialRow, lost: int) -> bool:
         except ValueError:
             continue
         try:
-            return bool(_store(session, [(trial, result, target, None)]))
+            parts = {task.id: (task.template, task.args)} if task is not None else None
+            return bool(_store(session, [(trial, result, target, None)], parts))
         except ValueError as err:  # its task does not decode
             why = str(err)[:200]
             break

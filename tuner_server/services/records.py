@@ -318,11 +318,14 @@ def import_lines(session: Session, lines: Iterable[str],
     return report
 
 
-def insert_or_skip(session: Session, table: Any) -> Any:
-    """An INSERT of ``table`` (a mapped class or a Table) that can skip rows a unique
-    index already holds (``on_conflict_do_nothing``), in the session's dialect."""
+def insert_or_skip(session: Session, table: Any, index_elements: Sequence[Any] | None = None
+                   ) -> Any:
+    """An INSERT of ``table`` (a mapped class or a Table), in the session's dialect, that
+    skips each row a unique index already holds (ON CONFLICT DO NOTHING; of the index on
+    ``index_elements`` only, when given) instead of failing the statement."""
     dialect = session.get_bind().dialect.name
-    return (sqlite_insert if dialect == "sqlite" else postgresql_insert)(table)
+    statement = (sqlite_insert if dialect == "sqlite" else postgresql_insert)(table)
+    return statement.on_conflict_do_nothing(index_elements=index_elements)
 
 
 def _insert_new(session: Session, records: Sequence[Record], source: str) -> int:
@@ -332,8 +335,7 @@ def _insert_new(session: Session, records: Sequence[Record], source: str) -> int
     rows = [record_row(r, source) for r in records]
     inserted = 0
     for start in range(0, len(rows), BATCH):
-        statement = (insert_or_skip(session, RecordRow)
-                     .on_conflict_do_nothing(index_elements=[RecordRow.line_hash])
+        statement = (insert_or_skip(session, RecordRow, [RecordRow.line_hash])
                      .returning(RecordRow.id))
         inserted += len(session.execute(statement, rows[start:start + BATCH]).all())
     return inserted
