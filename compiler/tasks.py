@@ -8,7 +8,8 @@ the reverse on a GPU; 3x3 stride-1 layers add both Winograd templates after them
 padding the CPU packed-GEMM template ``conv2d_NCHWc_1x1.x86``. On a CPU the template
 whose default config runs fastest comes first (``_cpu_preferred``): Winograd on 3x3
 stride-1 layers of at least ``WINOGRAD_MIN_CHANNELS`` input channels (issue 17: untuned
-ResNet-50 and DenseNet-121 1.2-1.3x faster), the direct one elsewhere. Tuning takes the
+ResNet-50 and DenseNet-121 1.2-1.3x faster), ``WINOGRAD_MIN_OUT_CHANNELS`` output
+channels and ``WINOGRAD_MIN_SIZE`` pixels a side, the direct one elsewhere. Tuning takes the
 preferred one and the device class's other templates (on a CPU the direct, Winograd and
 1x1 ones; on a GPU Winograd); a build takes, per layer, the candidate with the fastest
 record measured on this device (TVM's select_implementation), else another device's
@@ -38,6 +39,9 @@ LARGE_BATCH = 32
 # Below this many input channels Winograd's transforms cost more than its saved
 # multiplies (the C=3 stem): the direct template stays first there.
 WINOGRAD_MIN_CHANNELS = 16
+# Nor does it pay under this many output channels or pixels a side (``_cpu_preferred``)
+WINOGRAD_MIN_OUT_CHANNELS = 64
+WINOGRAD_MIN_SIZE = 14
 # The templates tuning covers on each device class (besides the preferred one).
 TUNED_CPU = frozenset({CONV_CPU, WINOGRAD_CPU, CONV1X1_CPU})
 TUNED_GPU = frozenset({WINOGRAD})
@@ -116,12 +120,22 @@ def _conv_candidates(node: Node, cpu: bool) -> list[Workload]:
 def _cpu_preferred(node: Node) -> str:
     """The CPU template whose default config runs ``node`` fastest (issue 17;
     bench/default_choice.py, bench/winograd.py --cpu): Winograd on 3x3 stride-1 layers
-    with enough input channels to pay for its transforms, the direct template elsewhere.
+    with enough input channels to pay for its transforms, enough output channels
+    (``WINOGRAD_MIN_OUT_CHANNELS``) and an image of at least ``WINOGRAD_MIN_SIZE``
+    pixels a side, the direct template elsewhere. Why the last two: its transforms cost
+    per channel and pixel what its GEMM saves per channel pair, and its tiles cover 8x8
+    of a 7x7 image with a transformed filter 16/9 (F(2x2)) to 4x (F(4x4)) the direct
+    one's bytes; on a 2-core AVX-512 Xeon the direct default ran DenseNet-121's 128->32
+    layers (14x14 0.06 against 0.08-0.12 ms, 28x28 0.18 against 0.20-0.27) and
+    ResNet-50's 512->512 at 7x7 (0.74 against 0.83 ms) faster, the whole DenseNet-121
+    1.10x (8-lane defaults 1.09x) and ResNet-50 1.02x (docs/BENCHMARKS.md).
     Not the 1x1 template: its default ran at 0.82-1.01x the direct default's speed on
     ResNet-50's 1x1 layers once the direct default kept AVX2's registers (bench/conv1x1.py,
     CPU seconds, measured on a Zen 1 AVX2 VM; a later VM is Zen 4 AVX-512, where PoCL
     targets skylake-avx512), so a build takes it only where its record measured faster."""
-    if _winograd_fits(node) and node.inputs[0].ty.shape[1] >= WINOGRAD_MIN_CHANNELS:
+    data, weight = node.inputs[0].ty.shape, node.inputs[1].ty.shape
+    if (_winograd_fits(node) and data[1] >= WINOGRAD_MIN_CHANNELS
+            and weight[0] >= WINOGRAD_MIN_OUT_CHANNELS and min(data[2:]) >= WINOGRAD_MIN_SIZE):
         return WINOGRAD_CPU
     return CONV_CPU
 

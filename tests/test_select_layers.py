@@ -174,12 +174,13 @@ def test_winograd_only_for_3x3_stride_1_and_depthwise_gets_its_template() -> Non
 
 
 def cpu_graph():  # type: ignore[no-untyped-def]
-    """A C=3 stem (3x3 stride 1), a 3x3 stride-1 conv of 16 channels, a 3x3 stride-2
-    one, a 1x1 one and a padded 1x1 one, each with bias and relu."""
+    """A C=3 stem (3x3 stride 1), a 3x3 stride-1 conv of 16 -> 64 channels at 14x14 (the
+    least Winograd is preferred on), a 3x3 stride-2 one, a 1x1 one and a padded 1x1 one,
+    each with bias and relu."""
     rng = np.random.default_rng(5)
     b = GraphBuilder()
-    value, c = b.input("x", (1, 3, 12, 12)), 3
-    for name, k, kernel, stride, pad in (("stem", 16, 3, 1, 1), ("wino", 24, 3, 1, 1),
+    value, c = b.input("x", (1, 3, 14, 14)), 3
+    for name, k, kernel, stride, pad in (("stem", 16, 3, 1, 1), ("wino", 64, 3, 1, 1),
                                          ("strided", 32, 3, 2, 1), ("gemm", 16, 1, 1, 0),
                                          ("padded", 16, 1, 1, 1)):
         w = b.const(rng.uniform(-0.3, 0.3, (k, c, kernel, kernel)).astype(np.float32))
@@ -218,20 +219,22 @@ def test_cpu_prefers_the_template_with_the_fastest_default() -> None:
         CONV_CPU, CONV_GPU, CONV1X1_CPU]
 
 
-def test_winograd_untuned_from_16_input_channels_on() -> None:
-    """Winograd's transforms pay for themselves from 16 input channels (issue 17): a
-    15-channel 3x3 stride-1 conv keeps the direct template untuned, a 16-channel one
-    takes Winograd."""
+def test_winograd_untuned_from_16_input_64_output_channels_and_14_pixels_a_side() -> None:
+    """Winograd's transforms pay for themselves from 16 input channels, 64 output
+    channels and 14x14 images on (issue 17): one short of any of them keeps the direct
+    template untuned (DenseNet-121's 128 -> 32 layers, ResNet-50's 7x7 ones)."""
     b = GraphBuilder()
     outputs = []
-    for c in (15, 16):
-        x = b.input(f"x{c}", (1, c, 8, 8))
-        w = b.const(RNG.uniform(-1, 1, (8, c, 3, 3)).astype(np.float32))
-        outputs.append(b.call("nn.conv2d", [x, w], f"c{c}", padding=(1, 1, 1, 1)))
+    for name, c, k, side in (("least", 16, 64, 14), ("c15", 15, 64, 14), ("k63", 16, 63, 14),
+                             ("side13", 16, 64, 13)):
+        x = b.input(f"x{name}", (1, c, side, side))
+        w = b.const(RNG.uniform(-1, 1, (k, c, 3, 3)).astype(np.float32))
+        outputs.append(b.call("nn.conv2d", [x, w], name, padding=(1, 1, 1, 1)))
     graph = optimize(b.finish(outputs))
     plan, _tasks, _choices = select_layers(graph, CPU, None, DeviceLimits())
     chosen = {n.name: (c.template, c.source) for n, c in plan.items()}
-    assert chosen == {"c15": (CONV_CPU, DEFAULT), "c16": (WINOGRAD_CPU, DEFAULT)}
+    assert chosen == {"least": (WINOGRAD_CPU, DEFAULT), "c15": (CONV_CPU, DEFAULT),
+                      "k63": (CONV_CPU, DEFAULT), "side13": (CONV_CPU, DEFAULT)}
 
 
 def test_cpu_depthwise_takes_a_foreign_record_of_its_gpu_template() -> None:
@@ -264,7 +267,7 @@ def test_untuned_cpu_build_runs_the_preferred_templates_and_matches_numpy(
     assert chosen == {"stem": CONV_CPU, "wino": WINOGRAD_CPU, "strided": CONV_CPU,
                       "gemm": CONV_CPU, "padded": CONV_CPU}
     assert {c.source for c in module.choices} == {DEFAULT}
-    xs = np.random.default_rng(6).uniform(-1, 1, (1, 3, 12, 12)).astype(np.float32)
+    xs = np.random.default_rng(6).uniform(-1, 1, (1, 3, 14, 14)).astype(np.float32)
     want = evaluate(graph, [xs])[0]
     got = module.run([xs])[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
