@@ -28,8 +28,8 @@ measured here), both outputs checked against onnxruntime's, timed in alternating
     .venv/bin/python bench/winograd.py --cpu-model resnet50 [--rounds 5]
 
 ``--lanes``: Winograd's default config for an 8-lane device (AVX2) against its default
-for a 16-lane one (AVX-512) on every Winograd layer of ``--models`` (3x3 stride-1, at
-least ``WINOGRAD_MIN_CHANNELS`` input channels), with onnxruntime's Conv on the same
+for a 16-lane one (AVX-512) on every Winograd layer of ``--models`` (3x3 stride-1, where
+``compiler.tasks.winograd_preferred``), with onnxruntime's Conv on the same
 arrays. Each kernel runs on data in NCHW[16]c with its output in NCHW[oc_bn]c (as a
 build chains CPU convs) and is checked against numpy first, onnxruntime too; then
 ``--rounds`` alternating rounds (each kernel first in turn) of enough launches for
@@ -233,20 +233,21 @@ def cpu_main(device: Device, specs: list[str], rounds: int, ort_threads: int) ->
 
 
 def winograd_layers(device: Device, name: str) -> list[tuple[Workload, int]]:
-    """The light model's workloads a default build runs on Winograd (3x3 stride 1, at
-    least ``WINOGRAD_MIN_CHANNELS`` input channels), with layer counts."""
+    """The light model's workloads a default build runs on Winograd (3x3 stride 1, where
+    ``winograd_preferred``), with layer counts."""
     import onnx
 
     from compiler.build_module import load_graph
     from compiler.frontend.samples import light_path
     from compiler.passes import optimize
-    from compiler.tasks import WINOGRAD_MIN_CHANNELS, extract_tasks
+    from compiler.tasks import extract_tasks, winograd_preferred
 
     graph = optimize(load_graph(onnx.load(light_path(name))))
     template = get_template(WINOGRAD_CPU)
-    return [(t.workload, len(t.layers)) for t in extract_tasks(graph, device.target)
-            if t.template == WINOGRAD_CPU
-            and template.parse(t.workload).c >= WINOGRAD_MIN_CHANNELS]
+    ops = [(t, template.parse(t.workload)) for t in extract_tasks(graph, device.target)
+           if t.template == WINOGRAD_CPU]
+    return [(t.workload, len(t.layers)) for t, op in ops
+            if winograd_preferred(op.c, op.co, op.h, op.w)]
 
 
 LANES = (8, 16)  # the devices whose defaults --lanes compares: AVX2, AVX-512

@@ -134,10 +134,16 @@ def _cpu_preferred(node: Node) -> str:
     CPU seconds, measured on a Zen 1 AVX2 VM; a later VM is Zen 4 AVX-512, where PoCL
     targets skylake-avx512), so a build takes it only where its record measured faster."""
     data, weight = node.inputs[0].ty.shape, node.inputs[1].ty.shape
-    if (_winograd_fits(node) and data[1] >= WINOGRAD_MIN_CHANNELS
-            and weight[0] >= WINOGRAD_MIN_OUT_CHANNELS and min(data[2:]) >= WINOGRAD_MIN_SIZE):
+    if _winograd_fits(node) and winograd_preferred(data[1], weight[0], *data[2:]):
         return WINOGRAD_CPU
     return CONV_CPU
+
+
+def winograd_preferred(channels: int, out_channels: int, height: int, width: int) -> bool:
+    """Whether a CPU build runs a 3x3 stride-1 conv of these input and output channels
+    on an input of ``height`` x ``width`` on Winograd untuned (``_cpu_preferred``)."""
+    return (channels >= WINOGRAD_MIN_CHANNELS and out_channels >= WINOGRAD_MIN_OUT_CHANNELS
+            and min(height, width) >= WINOGRAD_MIN_SIZE)
 
 
 def candidates(node: Node, target: Target | None = None) -> list[Workload]:
