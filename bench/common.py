@@ -143,9 +143,16 @@ def print_header(script: str, device_name: str, extra: str = "") -> None:
 
 
 def checked_launch(device: Any, workload: Any, config: Any, io: Any) -> Callable[[], Any]:
+    """``checked_kernel``'s kernel as one launch of it, not waited on."""
+    program, kernel, args = checked_kernel(device, workload, config, io)
+    return lambda: device.launch(program, kernel, args)
+
+
+def checked_kernel(device: Any, workload: Any, config: Any, io: Any
+                   ) -> tuple[Any, Any, list[Any]]:
     """``config``'s kernel built on ``device`` with activations in ``io``'s layout, run
     once on seeded operands and its output checked against numpy (SystemExit if it
-    differs); returns one launch of it, not waited on."""
+    differs): (program, kernel, its buffers), for ``device.launch`` or ``device.time``."""
     from compiler.runtime.measure import max_abs_error_ok
     from compiler.templates import Epilogue
     from compiler.templates.base import from_blocked, to_blocked
@@ -165,4 +172,18 @@ def checked_launch(device: Any, workload: Any, config: Any, io: Any) -> Callable
     if not ok:
         raise SystemExit(f"{workload.template} {workload.args[:3]} config {config.index}: "
                          f"differs from numpy: {why}")
-    return lambda: device.launch(program, kernel, args)
+    return program, kernel, args
+
+
+def alternating_medians(ort_seconds: Callable[[int], float], modules: dict[str, Any],
+                        rounds: int) -> dict[str, float]:
+    """Median seconds per run of onnxruntime (``"onnxruntime"``) and of each built module,
+    timed in ``rounds`` alternating rounds of 2 runs each, each entry after ``settle``."""
+    costs: dict[str, list[float]] = {"onnxruntime": [], **{k: [] for k in modules}}
+    for _ in range(rounds):
+        settle()
+        costs["onnxruntime"].append(ort_seconds(2))
+        for label, module in modules.items():
+            settle()
+            costs[label] += module.benchmark(number=2, repeat=1).costs
+    return {k: statistics.median(v) for k, v in costs.items()}

@@ -31,12 +31,17 @@ import argparse
 import copy
 import dataclasses
 import os
-import statistics
 import sys
 from collections import defaultdict
 
 import numpy as np
-from common import host_seconds, offered_defaults, onnxruntime_conv, print_header, settle
+from common import (
+    alternating_medians,
+    host_seconds,
+    offered_defaults,
+    onnxruntime_conv,
+    print_header,
+)
 from models import onnxruntime_timer
 from winograd import light_model
 
@@ -120,14 +125,7 @@ def model_main(device: Device, name: str, rounds: int, top: int) -> None:
     print(f"\n## {name}: outputs match onnxruntime; best-template build's conv layers: "
           + ", ".join(f"{k} {v}" for k, v in sorted(by_template.items())))
 
-    costs: dict[str, list[float]] = {"onnxruntime": [], **{k: [] for k in modules}}
-    for _ in range(rounds):
-        settle()
-        costs["onnxruntime"].append(ort_seconds(2))
-        for label, module in modules.items():
-            settle()
-            costs[label] += module.benchmark(number=2, repeat=1).costs
-    med = {k: statistics.median(v) for k, v in costs.items()}
+    med = alternating_medians(ort_seconds, modules, rounds)
     print(f"\nms per run, medians of {rounds} alternating rounds, load "
           f"{os.getloadavg()[0]:.1f}\n")
     lanes = device.limits.simd_lanes

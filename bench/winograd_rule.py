@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 import numpy as np
-from common import offered_defaults, print_header, settle
+from common import alternating_medians, checked_kernel, offered_defaults, print_header
 from models import onnxruntime_timer
 from winograd import light_model
 
@@ -31,13 +31,11 @@ from compiler.frontend.samples import LIGHT_MODELS
 from compiler.passes import optimize
 from compiler.records import MemorySource
 from compiler.runtime import Device, open_device
-from compiler.runtime.measure import max_abs_error_ok
 from compiler.tasks import CONV_CPU, WINOGRAD_CPU, extract_tasks, winograd_preferred
-from compiler.templates import Epilogue, get_template
-from compiler.templates.base import Buffer, Kernel, from_blocked, to_blocked
-from schemas import MeasureOptions, Workload
+from compiler.templates import get_template
+from compiler.templates.base import Buffer, Kernel
+from schemas import Workload
 
-CHECK = MeasureOptions(number=1, repeat=1, min_repeat_ms=0)
 EVICT_MB = 64
 
 
@@ -69,19 +67,7 @@ def built(device: Device, workload: Workload) -> tuple[Any, Kernel, list[Any]]:
     """The default config's kernel in the layout a build runs it, checked against numpy."""
     template = get_template(workload.template)
     config = template.default_config(workload, device.limits)
-    io = template.measure_io(workload, config)
-    arrays = template.make_inputs(workload, Epilogue(), np.random.default_rng(0))
-    kernel = template.codegen(workload, config, device.dialect, Epilogue(), io)
-    program = device.build(kernel)
-    args = [device.upload(np.ascontiguousarray(to_blocked(arrays[0], io.data_block))),
-            device.upload(template.pack_weight(workload, config, arrays[1])),
-            device.alloc(kernel.buffers[-1].shape)]
-    device.run(program, kernel, args)
-    got = from_blocked(device.download(args[-1], kernel.buffers[-1].shape), io.out_block)
-    ok, why = max_abs_error_ok(got, template.reference(workload, arrays), CHECK)
-    if not ok:
-        raise SystemExit(f"{workload.template} {workload.args[:2]}: differs from numpy: {why}")
-    return program, kernel, args
+    return checked_kernel(device, workload, config, template.measure_io(workload, config))
 
 
 def layers_main(device: Device, model: str, rounds: int) -> None:
@@ -128,14 +114,7 @@ def model_main(device: Device, model: str, rounds: int) -> None:
         (got,) = module.run([x])
         if not np.allclose(got, want, rtol=1e-3, atol=1e-5 * scale):
             raise SystemExit(f"{model} {label} disagrees with onnxruntime")
-    costs: dict[str, list[float]] = {"onnxruntime": [], **{k: [] for k in modules}}
-    for _ in range(rounds):
-        settle()
-        costs["onnxruntime"].append(ort_seconds(2))
-        for label, module in modules.items():
-            settle()
-            costs[label] += module.benchmark(number=2, repeat=1).costs
-    med = {k: statistics.median(v) * 1e3 for k, v in costs.items()}
+    med = {k: v * 1e3 for k, v in alternating_medians(ort_seconds, modules, rounds).items()}
     print(f"\n| {model} | layers given back | onnxruntime ms | earlier rule ms | default build "
           "ms | default / earlier | default / onnxruntime |\n|---|---:|---:|---:|---:|---:|---:|")
     print(f"| {model} | {len(earlier)} workloads | {med['onnxruntime']:.1f} "
