@@ -127,8 +127,8 @@ def _cpu_preferred(node: Node) -> str:
     of a 7x7 image with a transformed filter 16/9 (F(2x2)) to 4x (F(4x4)) the direct
     one's bytes; on a 2-core AVX-512 Xeon the direct default ran DenseNet-121's 128->32
     layers (14x14 0.06 against 0.08-0.12 ms, 28x28 0.18 against 0.20-0.27) and
-    ResNet-50's 512->512 at 7x7 (0.74 against 0.83 ms) faster, the whole DenseNet-121
-    1.10x (8-lane defaults 1.09x) and ResNet-50 1.02x (docs/BENCHMARKS.md).
+    ResNet-50's 512->512 at 7x7 (0.73 against 0.84 ms) faster, the whole DenseNet-121
+    1.10-1.13x (8-lane defaults 1.09x) and ResNet-50 1.02x (bench/winograd_rule.py).
     Not the 1x1 template: its default ran at 0.82-1.01x the direct default's speed on
     ResNet-50's 1x1 layers once the direct default kept AVX2's registers (bench/conv1x1.py,
     CPU seconds, measured on a Zen 1 AVX2 VM; a later VM is Zen 4 AVX-512, where PoCL

@@ -420,10 +420,11 @@ def _undecodable(err: ValueError) -> WorkerRefused:
 
 def _fail_lost(session: Session, trial: TrialRow, lost: int) -> bool:
     """Record a trial that lost ``lost`` workers (their leases expired) as failed, error
-    8; False when a concurrent report stored it first (or an identical line is stored). The record's target is its last
-    worker's, else the job's, else the trial's queue: the first that parses. A trial
-    whose failure cannot be recorded (a corrupt row) is set aside as done with error 8
-    and no record: it neither stops the caller nor comes back."""
+    8; False when a concurrent report stored it first (or an identical line is stored).
+    The record's target is its last worker's, else the job's, else the trial's queue:
+    the first that parses. A trial whose failure cannot be recorded (a corrupt row) is
+    set aside as done with error 8 and no record: it neither stops the caller nor comes
+    back."""
     times = "twice" if lost == 2 else f"{lost} times"
     result = MeasureResult.failure(MeasureErrorNo.UNKNOWN_ERROR,
                                    f"lease expired {times}: it lost {lost} workers")
