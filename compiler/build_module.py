@@ -44,6 +44,7 @@ from compiler.runtime.executor import (
 from compiler.runtime.host import random_value
 from compiler.tasks import Task, candidates, extract_tasks
 from compiler.templates import IOLayout, get_template
+from compiler.templates.base import simd_lanes
 from schemas import DeviceLimits, Target
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,8 @@ def select_layers(graph: Graph, target: Target, records: RecordSource | None,
     here, and the preferred default beat TopHub's records of the other templates (other
     CPUs' direct ones on Winograd layers, GPUs' 5-100x slower;
     bench/default_choice.py). Also the chosen tasks and their choices, for the report."""
-    every = extract_tasks(graph, target, every_candidate=True)
+    lanes = simd_lanes(limits)
+    every = extract_tasks(graph, target, every_candidate=True, lanes=lanes)
     found = choose_configs([t.workload for t in every], records, target, limits)
     by_key = {t.workload.key: c for t, c in zip(every, found)}
     plan: dict[Node, Choice] = {}
@@ -173,7 +175,8 @@ def select_layers(graph: Graph, target: Target, records: RecordSource | None,
     live = graph.live()
     cpu = target.device_class == "cpu"
     for node in graph.nodes:
-        options = [by_key[w.key] for w in candidates(node, target)] if id(node) in live else []
+        options = ([by_key[w.key] for w in candidates(node, target, lanes)]
+                   if id(node) in live else [])
         if not options:
             continue
         measured = [c for c in options if c.cost is not None]

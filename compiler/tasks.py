@@ -9,7 +9,8 @@ padding the CPU packed-GEMM template ``conv2d_NCHWc_1x1.x86``. On a CPU the temp
 whose default config runs fastest comes first (``_cpu_preferred``): Winograd on 3x3
 stride-1 layers of at least ``WINOGRAD_MIN_CHANNELS`` input channels (issue 17: untuned
 ResNet-50 and DenseNet-121 1.2-1.3x faster), ``WINOGRAD_MIN_OUT_CHANNELS`` output
-channels and ``WINOGRAD_MIN_SIZE`` pixels a side, the direct one elsewhere. Tuning takes the
+channels and ``WINOGRAD_MIN_SIZE`` pixels a side, the 1x1 one on 1x1 layers of a 16-lane
+(AVX-512) device, the direct one elsewhere. Tuning takes the
 preferred one and the device class's other templates (on a CPU the direct, Winograd and
 1x1 ones; on a GPU Winograd); a build takes, per layer, the candidate with the fastest
 record measured on this device (TVM's select_implementation), else another device's
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 from compiler.ir import Graph, Node
 from compiler.templates import get_template
+from compiler.templates.base import AVX512_LANES
 from schemas import Target, Workload
 from schemas.workload import tensor_arg
 
@@ -85,7 +87,7 @@ def _one_by_one_fits(node: Node) -> bool:
     return (kh, kw) == (1, 1) and not any(node.attr("padding"))
 
 
-def _conv_candidates(node: Node, cpu: bool) -> list[Workload]:
+def _conv_candidates(node: Node, cpu: bool, lanes: int) -> list[Workload]:
     data, weight = node.inputs[0].ty, node.inputs[1].ty
     if data.dtype == "int8":
         if node.attr("groups") != 1:
@@ -112,12 +114,12 @@ def _conv_candidates(node: Node, cpu: bool) -> list[Workload]:
     if _one_by_one_fits(node):
         found.append(Workload(template=CONV1X1_CPU, args=host.args))
     if cpu:
-        first = _cpu_preferred(node)
+        first = _cpu_preferred(node, lanes)
         found.sort(key=lambda w: w.template != first)  # stable: the rest keep their order
     return found
 
 
-def _cpu_preferred(node: Node) -> str:
+def _cpu_preferred(node: Node, lanes: int) -> str:
     """The CPU template whose default config runs ``node`` fastest (issue 17;
     bench/default_choice.py, bench/winograd.py --cpu): Winograd on 3x3 stride-1 layers
     with enough input channels to pay for its transforms, enough output channels
@@ -129,13 +131,18 @@ def _cpu_preferred(node: Node) -> str:
     layers (14x14 0.06 against 0.08-0.12 ms, 28x28 0.18 against 0.20-0.27) and
     ResNet-50's 512->512 at 7x7 (0.73 against 0.84 ms) faster, the whole DenseNet-121
     1.10-1.13x (8-lane defaults 1.09x) and ResNet-50 1.02x (bench/winograd_rule.py).
-    Not the 1x1 template: its default ran at 0.82-1.01x the direct default's speed on
-    ResNet-50's 1x1 layers once the direct default kept AVX2's registers (bench/conv1x1.py,
-    CPU seconds, measured on a Zen 1 AVX2 VM; a later VM is Zen 4 AVX-512, where PoCL
-    targets skylake-avx512), so a build takes it only where its record measured faster."""
+    The 1x1 template on 1x1 layers without padding where the device has
+    ``AVX512_LANES`` lanes (``lanes``: ``simd_lanes`` of its limits, 0 unknown): with its
+    16-lane default (4 pixels x 64 channels) the untuned ResNet-50 ran 1.05x and
+    DenseNet-121 1.01x faster than on the direct default (1.07x and 1.09x beside
+    Winograd's defaults, bench/conv1x1.py --model; a 2-core AVX-512 Xeon); not elsewhere, where its 8-lane default ran at 0.82-1.01x the direct
+    default's speed (a Zen 1 AVX2 VM), so a build takes it there only where its record
+    measured faster."""
     data, weight = node.inputs[0].ty.shape, node.inputs[1].ty.shape
     if _winograd_fits(node) and winograd_preferred(data[1], weight[0], *data[2:]):
         return WINOGRAD_CPU
+    if lanes >= AVX512_LANES and _one_by_one_fits(node):
+        return CONV1X1_CPU
     return CONV_CPU
 
 
@@ -146,10 +153,10 @@ def winograd_preferred(channels: int, out_channels: int, height: int, width: int
             and min(height, width) >= WINOGRAD_MIN_SIZE)
 
 
-def candidates(node: Node, target: Target | None = None) -> list[Workload]:
+def candidates(node: Node, target: Target | None = None, lanes: int = 0) -> list[Workload]:
     """The template workloads that can compute ``node``, preferred first (on a CPU the
-    template ``_cpu_preferred`` names, then the direct ones, Winograd's and the 1x1
-    one); empty for ops no template covers (a grouped conv other than depthwise runs a
+    template ``_cpu_preferred`` names for a device of ``lanes`` SIMD lanes, then the
+    direct ones, Winograd's and the 1x1 one); empty for ops no template covers (a grouped conv other than depthwise runs a
     plain kernel; ``fuse_ops`` splits float ones into per-group convs, which templates
     cover)."""
     cpu = target is not None and target.device_class == "cpu"
@@ -157,7 +164,7 @@ def candidates(node: Node, target: Target | None = None) -> list[Workload]:
     packable = node.inputs[1].is_const if len(node.inputs) > 1 else False
     found: list[Workload] = []
     if node.op in ("nn.conv2d", "fused.conv2d"):
-        found = _conv_candidates(node, cpu)
+        found = _conv_candidates(node, cpu, lanes)
     elif node.op in ("nn.dense", "fused.dense"):
         data, weight = node.inputs[0].ty.shape, node.inputs[1].ty.shape
         args = [tensor_arg(data), tensor_arg(weight), None, "float32"]
@@ -167,12 +174,13 @@ def candidates(node: Node, target: Target | None = None) -> list[Workload]:
     return [w for w in found if packable or not get_template(w.template).packs_weight]
 
 
-def tuning_candidates(node: Node, target: Target | None = None) -> list[Workload]:
+def tuning_candidates(node: Node, target: Target | None = None,
+                      lanes: int = 0) -> list[Workload]:
     """What tuning covers for ``node``, preferred first (what an untuned or partly tuned
     build runs): on a CPU the direct, Winograd and 1x1 templates where they apply, on a
     GPU the preferred template and Winograd, so a build can take whichever of them
     measured faster."""
-    found = candidates(node, target)
+    found = candidates(node, target, lanes)
     cpu = target is not None and target.device_class == "cpu"
     extra = TUNED_CPU if cpu else TUNED_GPU
     return found[:1] + [w for w in found[1:] if w.template in extra]
@@ -185,15 +193,17 @@ def node_workload(node: Node, target: Target | None = None) -> Workload | None:
 
 
 def extract_tasks(graph: Graph, target: Target | None = None,
-                  every_candidate: bool = False) -> list[Task]:
+                  every_candidate: bool = False, lanes: int = 0) -> list[Task]:
     """Tasks in first-use order: each conv2d/dense layer's ``tuning_candidates`` (with
-    ``every_candidate``, each of its candidates: what a build chooses among)."""
+    ``every_candidate``, each of its candidates: what a build chooses among), preferred
+    first for a device of ``lanes`` SIMD lanes."""
     tasks: dict[str, Task] = {}
     live = graph.live()
     for node in graph.nodes:
         if id(node) not in live:
             continue
-        found = candidates(node, target) if every_candidate else tuning_candidates(node, target)
+        found = (candidates(node, target, lanes) if every_candidate
+                 else tuning_candidates(node, target, lanes))
         for workload in found:
             task = tasks.setdefault(workload.key, Task(workload))
             task.layers.append(node.name or node.op)

@@ -24,7 +24,7 @@ from compiler.ir import Graph, evaluate
 from compiler.passes import optimize
 from compiler.runtime import Device
 from compiler.runtime.executor import GraphExecutor
-from compiler.tasks import CONV_CPU, CONV_GPU
+from compiler.tasks import CONV1X1_CPU, CONV_CPU, CONV_GPU
 from schemas import DeviceLimits, Target
 
 
@@ -305,7 +305,8 @@ def test_grouped_conv_runs_per_group_template_convs(device: Device) -> None:
 def test_resnext_grouped_block_keeps_the_cpu_template(device: Device) -> None:
     """A ResNeXt-style block on PoCL (opencl -model=pocl-cpu): a 3x3 conv in 8 groups,
     relu, then a plain 1x1 conv. The group split puts strided slices before the per-group
-    convs and a concatenation after them; every conv still runs the CPU template."""
+    convs and a concatenation after them; every conv still runs a CPU template (the 1x1
+    one on the 1x1 conv where the device has 16 lanes, tasks._cpu_preferred)."""
     proto = model([node("Conv", ["x", "w"], ["c"], group=8, pads=[1, 1, 1, 1]),
                    node("Relu", ["c"], ["r"]),
                    helper.make_node("Conv", ["r", "w2"], ["y"], name="conv_1")],
@@ -318,7 +319,8 @@ def test_resnext_grouped_block_keeps_the_cpu_template(device: Device) -> None:
     assert ops.count("strided_slice") == 8 and "concatenate" in ops, ops
     groups, plain = module.tasks
     assert groups.layers == [f"conv_0.g{k}" for k in range(8)] and plain.layers == ["conv_1"]
-    assert [c.template for c in module.choices] == [CONV_CPU, CONV_CPU]
+    one_by_one = CONV1X1_CPU if device.limits.simd_lanes >= 16 else CONV_CPU
+    assert [c.template for c in module.choices] == [CONV_CPU, one_by_one]
     feeds = feeds_for(proto)
     np.testing.assert_allclose(module.run(feeds)[0], evaluate(graph, feeds)[0],
                                rtol=1e-4, atol=1e-3)
