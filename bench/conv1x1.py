@@ -20,7 +20,9 @@ the median round counts.
 (the best build so far, docs/BENCHMARKS.md) and the same plus the 1x1 template's default
 config on every 1x1 layer (each offered as a record measured here, so the build takes
 it); both outputs checked against onnxruntime's, then alternating rounds of 3 runs
-each, CPU seconds (``--wall``: wall clock) per run.
+each, CPU seconds (``--wall``: wall clock) per run. Beside them the untuned build (which
+runs the 1x1 template on a 16-lane device, ``compiler.tasks``) and the same with the direct
+default offered on its 1x1 layers.
 
 ``--lanes``: the 1x1 template's default config for an 8-lane device (AVX2) against its
 default for a 16-lane one (AVX-512), on every 1x1 layer without padding of ``--models``
@@ -171,10 +173,18 @@ def model_main(device: Device, name: str, rounds: int, clock: Callable[[], float
     tasks = extract_tasks(graph, device.target)
     winograd = offered_defaults(tasks, device, [WINOGRAD_CPU])
     gemm = offered_defaults(tasks, device, [CONV1X1_CPU])
+    ones = {w.workload.key for w in gemm}
+    direct = offered_defaults([t for t in extract_tasks(graph, device.target, True)
+                               if t.template == CONV_CPU
+                               and Workload(template=CONV1X1_CPU, args=t.workload.args).key
+                               in ones], device, [CONV_CPU])
     modules = {"Winograd build": build(graph, device=device, optimized=True,
                                        records=MemorySource(winograd)),
                "Winograd + 1x1 build": build(graph, device=device, optimized=True,
-                                             records=MemorySource(winograd + gemm))}
+                                             records=MemorySource(winograd + gemm)),
+               "untuned, direct on 1x1": build(graph, device=device, optimized=True,
+                                               records=MemorySource(direct)),
+               "untuned build": build(graph, device=device, optimized=True)}
     layers = sum(len(t.layers) for t in modules["Winograd + 1x1 build"].tasks
                  if t.template == CONV1X1_CPU)
     print(f"## {name}: {len(gemm)} 1x1 workloads ({layers} layers) on {CONV1X1_CPU}")
@@ -192,12 +202,17 @@ def model_main(device: Device, name: str, rounds: int, clock: Callable[[], float
             for _ in range(3):
                 module.run([x])
             costs[label].append((clock() - start) / 3)
-    base, new = (statistics.median(costs[k]) for k in modules)
+    base, new, direct_ms, untuned = (statistics.median(costs[k]) for k in modules)
     print(f"\nms per run, medians of {rounds} alternating rounds (3 runs each), load "
           f"{os.getloadavg()[0]:.1f}\n")
     print("| model | Winograd build | Winograd + 1x1 build | speed-up |")
     print("|---|---:|---:|---:|")
     print(f"| {name} | {base * 1e3:.1f} | {new * 1e3:.1f} | {base / new:.2f}x |")
+    print("\nthe untuned build (its template choice: the 1x1 template on a 16-lane device) "
+          "against the same with the direct default on the 1x1 layers\n")
+    print("| model | untuned, direct on 1x1 | untuned build | speed-up |")
+    print("|---|---:|---:|---:|")
+    print(f"| {name} | {direct_ms * 1e3:.1f} | {untuned * 1e3:.1f} | {direct_ms / untuned:.2f}x |")
     return 0
 
 
