@@ -10,8 +10,7 @@ whose default config runs fastest comes first (``_cpu_preferred``): Winograd on 
 stride-1 layers of at least ``WINOGRAD_MIN_CHANNELS`` input channels (issue 17: untuned
 ResNet-50 and DenseNet-121 1.2-1.3x faster), ``WINOGRAD_MIN_OUT_CHANNELS`` output
 channels and ``WINOGRAD_MIN_SIZE`` pixels a side, the 1x1 one on 1x1 layers of a 16-lane
-(AVX-512) device, the direct one elsewhere. Tuning takes the
-preferred one and the device class's other templates (on a CPU the direct, Winograd and
+(AVX-512) device, the direct one elsewhere. Tuning takes the preferred one and the device class's other templates (on a CPU the direct, Winograd and
 1x1 ones; on a GPU Winograd); a build takes, per layer, the candidate with the fastest
 record measured on this device (TVM's select_implementation), else another device's
 record (on a CPU only the preferred template's), else the preferred one's default.
@@ -133,11 +132,11 @@ def _cpu_preferred(node: Node, lanes: int) -> str:
     1.10-1.13x (8-lane defaults 1.09x) and ResNet-50 1.02x (bench/winograd_rule.py).
     The 1x1 template on 1x1 layers without padding where the device has
     ``AVX512_LANES`` lanes (``lanes``: ``simd_lanes`` of its limits, 0 unknown): with its
-    16-lane default (4 pixels x 64 channels) the untuned ResNet-50 ran 1.05x and
-    DenseNet-121 1.01x faster than on the direct default (1.07x and 1.09x beside
-    Winograd's defaults, bench/conv1x1.py --model; a 2-core AVX-512 Xeon); not elsewhere, where its 8-lane default ran at 0.82-1.01x the direct
-    default's speed (a Zen 1 AVX2 VM), so a build takes it there only where its record
-    measured faster."""
+    16-lane default (4 pixels x 64 channels) untuned builds ran 1.00-1.07x (ResNet-50)
+    and 1.01-1.09x (DenseNet-121) faster than on the direct default (bench/conv1x1.py
+    --model, a 2-core AVX-512 Xeon); not elsewhere, where its 8-lane default ran at
+    0.82-1.01x the direct default's speed (a Zen 1 AVX2 VM), so a build takes it there
+    only where its record measured faster."""
     data, weight = node.inputs[0].ty.shape, node.inputs[1].ty.shape
     if _winograd_fits(node) and winograd_preferred(data[1], weight[0], *data[2:]):
         return WINOGRAD_CPU
