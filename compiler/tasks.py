@@ -10,10 +10,11 @@ whose default config runs fastest comes first (``_cpu_preferred``): Winograd on 
 stride-1 layers of at least ``WINOGRAD_MIN_CHANNELS`` input channels (issue 17: untuned
 ResNet-50 and DenseNet-121 1.2-1.3x faster), ``WINOGRAD_MIN_OUT_CHANNELS`` output
 channels and ``WINOGRAD_MIN_SIZE`` pixels a side, the 1x1 one on 1x1 layers of a 16-lane
-(AVX-512) device, the direct one elsewhere. Tuning takes the preferred one and the device class's other templates (on a CPU the direct, Winograd and
-1x1 ones; on a GPU Winograd); a build takes, per layer, the candidate with the fastest
-record measured on this device (TVM's select_implementation), else another device's
-record (on a CPU only the preferred template's), else the preferred one's default.
+(AVX-512) device, the direct one elsewhere. Tuning takes the preferred one and the
+device class's other templates (on a CPU the direct, Winograd and 1x1 ones; on a GPU
+Winograd); a build takes, per layer, the candidate with the fastest record measured on
+this device (TVM's select_implementation), else another device's record (on a CPU only
+the preferred template's), else the preferred one's default.
 Layers with equal workloads (ResNet repeats its blocks) are one task: tuned once, used
 everywhere.
 """
