@@ -245,9 +245,13 @@ def release(session: Session, worker: WorkerRow, trial_ids: list[int] | None
 
 def deregister(session: Session, worker: WorkerRow) -> list[TrialRow]:
     """The worker stops (SIGTERM): its leases go back to the queue uncounted, it shows
-    stopped, and its tokens stop working. Returns the trials it gave back."""
-    trials = release(session, worker, None)
+    stopped, and its tokens stop working. Returns the trials it gave back. The worker's
+    row is written before its trials are locked, the order a lease, report or heartbeat
+    takes them in: taken the other way, a deregistration racing the worker's own report
+    could deadlock on PostgreSQL."""
     worker.stopped_at = time.time()
+    session.flush()
+    trials = release(session, worker, None)
     revoke_worker_tokens(session, worker.id)
     return trials
 
