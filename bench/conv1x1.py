@@ -174,7 +174,8 @@ def model_main(device: Device, name: str, rounds: int, clock: Callable[[], float
     winograd = offered_defaults(tasks, device, [WINOGRAD_CPU])
     gemm = offered_defaults(tasks, device, [CONV1X1_CPU])
     ones = {w.workload.key for w in gemm}
-    direct = offered_defaults([t for t in extract_tasks(graph, device.target, True)
+    direct = offered_defaults([t for t in extract_tasks(graph, device.target,
+                                                             every_candidate=True)
                                if t.template == CONV_CPU
                                and Workload(template=CONV1X1_CPU, args=t.workload.args).key
                                in ones], device, [CONV_CPU])

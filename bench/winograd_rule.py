@@ -31,7 +31,13 @@ from compiler.frontend.samples import LIGHT_MODELS
 from compiler.passes import optimize
 from compiler.records import MemorySource
 from compiler.runtime import Device, open_device
-from compiler.tasks import CONV_CPU, WINOGRAD_CPU, extract_tasks, winograd_preferred
+from compiler.tasks import (
+    CONV_CPU,
+    WINOGRAD_CPU,
+    WINOGRAD_MIN_CHANNELS,
+    extract_tasks,
+    winograd_preferred,
+)
 from compiler.templates import get_template
 from compiler.templates.base import Buffer, Kernel
 from schemas import Workload
@@ -40,15 +46,15 @@ EVICT_MB = 64
 
 
 def given_back(tasks: list[Any]) -> list[Any]:
-    """The Winograd tasks the earlier rule (>= 16 input channels) preferred and this one
-    does not."""
+    """The Winograd tasks the earlier rule (``WINOGRAD_MIN_CHANNELS`` input channels, no
+    other threshold) preferred and this one does not."""
     template = get_template(WINOGRAD_CPU)
     found = []
     for task in tasks:
         if task.template != WINOGRAD_CPU:
             continue
         op = template.parse(task.workload)
-        if op.c >= 16 and not winograd_preferred(op.c, op.co, op.h, op.w):
+        if op.c >= WINOGRAD_MIN_CHANNELS and not winograd_preferred(op.c, op.co, op.h, op.w):
             found.append(task)
     return found
 
