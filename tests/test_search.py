@@ -206,7 +206,7 @@ def test_global_models_fit_apart_without_blocking() -> None:
     started = time.perf_counter()
     assert models.get(template, "opencl", lambda: 200, slow_load, background=True) is None
     assert models.get(template, "opencl", lambda: 200, slow_load, background=True) is None
-    assert time.perf_counter() - started < 1.0  # neither call waited for the fit
+    assert time.perf_counter() - started < 10.0  # neither call waited for the 30 s fit
     assert latest() is None
     release.set()
     assert models.wait(60)
