@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from schemas import DeviceLimits, Record
 from schemas.api import JobRequest, TrialStatus
-from tuner_server.db.models import RecordRow, TaskRow, TrialRow
+from tuner_server.db.models import RecordRow, TaskRow, TrialRow, record_hash
 from tuner_server.queue.sql import SqlQueue
 from tuner_server.services import dispatch, jobs
 from tuner_server.services.scheduler import SearchState, plan_once
@@ -39,7 +39,13 @@ def test_reported_rows(sessions: sessionmaker[Session]) -> None:
     assert len(records) == 300
     assert {r.error_no for r in records} > {0}  # a tenth of the configs fail
     for row in records:
-        assert Record.from_json(row.line).to_json() == row.line
+        record = Record.from_json(row.line)
+        assert record.to_json() == row.line
+        # the columns beside the line (PostgreSQL stores them from arrays, unnest)
+        assert (row.line_hash, row.target, row.target_kind, row.template, row.source) == (
+            record_hash(row.line), str(record.target), record.target.kind,
+            record.workload.template, "measured")
+        assert row.created_at is not None and row.timestamp == record.result.timestamp
         trial = trials[row.trial_id]
         assert (trial.status, trial.error_no, trial.lease_deadline) == (
             TrialStatus.DONE, row.error_no, None)

@@ -26,10 +26,10 @@ from schemas import (
 )
 from schemas.api import LeasedTrial, TrialStatus
 from schemas.record import line_of
-from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow, WorkerRow
+from tuner_server.db.models import JobRow, TaskRow, TrialRow, WorkerRow
 from tuner_server.queue.base import DispatchQueue, queue_matches
 from tuner_server.services.fleet import alive_clause
-from tuner_server.services.records import insert_or_skip, row_of
+from tuner_server.services.records import insert_trial_records, row_of
 from tuner_server.services.tokens import bind_worker_token, revoke_worker_tokens
 
 log = logging.getLogger("tuner.dispatch")
@@ -294,9 +294,7 @@ def _store(session: Session, outcomes: list[Outcome],
         rows.append(dict(row_of(parsed, workload, line, result, verified_config=(
             trial.config_index if trial.verify_round else None)), trial_id=trial.id))
     # Core statements on the tables: the ORM's bulk paths cost more than the rows here
-    records = RecordRow.__table__
-    stored = set(session.execute(insert_or_skip(session, records)
-                                 .returning(records.c.trial_id), rows).scalars())
+    stored = insert_trial_records(session, rows)
     outcomes = [outcome for outcome in outcomes if outcome[0].id in stored]
     # the trials done in one statement per error number, not one UPDATE each; the
     # session's copies of them are set to match, as loaded (nothing left to flush)
