@@ -59,6 +59,15 @@ def test_reported_rows(sessions: sessionmaker[Session]) -> None:
         assert task.best_trial == costs.index(best) + 1
 
 
+def test_the_postgresql_insert_names_every_column_but_the_id() -> None:
+    """The unnest INSERT lists its columns itself: one added to the table must be added
+    there too (else PostgreSQL stores it NULL where SQLite stores its default)."""
+    from tuner_server.services.records import _TRIAL_COLUMNS
+
+    assert sorted(name for name, _ in _TRIAL_COLUMNS) == sorted(
+        c.name for c in RecordRow.__table__.columns if c.name != "id")
+
+
 def test_a_trial_whose_record_was_stored_first_is_a_duplicate(
         sessions: sessionmaker[Session]) -> None:
     """A report racing a store of one of its trials (its record committed by another

@@ -340,7 +340,7 @@ _TRIAL_COLUMNS = (("source", "TEXT"), ("verified_config", "BIGINT"), ("target", 
                   ("mean_cost", "FLOAT8"), ("error_no", "INT"), ("timestamp", "FLOAT8"),
                   ("trial_id", "INT"), ("created_at", "TIMESTAMPTZ"), ("line_hash", "TEXT"))
 _TRIAL_INSERT = sql_text(
-    f"INSERT INTO records ({', '.join(name for name, _ in _TRIAL_COLUMNS)}) "
+    f"INSERT INTO {RecordRow.__tablename__} ({', '.join(name for name, _ in _TRIAL_COLUMNS)}) "
     f"SELECT * FROM unnest({', '.join(f'CAST(:{n} AS {t}[])' for n, t in _TRIAL_COLUMNS)}) "
     "ON CONFLICT DO NOTHING RETURNING trial_id")
 
