@@ -156,9 +156,9 @@ def winograd_preferred(channels: int, out_channels: int, height: int, width: int
 def candidates(node: Node, target: Target | None = None, lanes: int = 0) -> list[Workload]:
     """The template workloads that can compute ``node``, preferred first (on a CPU the
     template ``_cpu_preferred`` names for a device of ``lanes`` SIMD lanes, then the
-    direct ones, Winograd's and the 1x1 one); empty for ops no template covers (a grouped conv other than depthwise runs a
-    plain kernel; ``fuse_ops`` splits float ones into per-group convs, which templates
-    cover)."""
+    direct ones, Winograd's and the 1x1 one); empty for ops no template covers (a
+    grouped conv other than depthwise runs a plain kernel; ``fuse_ops`` splits float
+    ones into per-group convs, which templates cover)."""
     cpu = target is not None and target.device_class == "cpu"
     # CPU templates pack the weight at build time: only a constant weight can be packed
     packable = node.inputs[1].is_const if len(node.inputs) > 1 else False
