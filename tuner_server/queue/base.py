@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Protocol
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from schemas import Target
@@ -110,6 +110,20 @@ def take(session: Session, trial_id: int, worker_id: int, lease_s: float, now: f
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
+_TRIALS = TrialRow.__table__
+# Built once (a statement object keeps its cache key: each lease binds values only)
+_TAKE = (select(TrialRow).from_statement(
+    update(_TRIALS)
+    .where(_TRIALS.c.id.in_(bindparam("ids", expanding=True)),
+           (_TRIALS.c.status == TrialStatus.QUEUED)
+           | ((_TRIALS.c.status == TrialStatus.LEASED)
+              & (_TRIALS.c.lease_deadline < bindparam("now"))))
+    .values(status=TrialStatus.LEASED, worker_id=bindparam("worker_id"),
+            lease_deadline=bindparam("deadline"), attempts=_TRIALS.c.attempts + 1)
+    .returning(*_TRIALS.c))
+    .execution_options(populate_existing=True))
+
+
 def take_many(session: Session, trial_ids: list[int], worker_id: int, lease_s: float,
               now: float) -> list[TrialRow]:
     """``take`` for many trials in one statement: the trials it leased, in id order,
@@ -118,15 +132,7 @@ def take_many(session: Session, trial_ids: list[int], worker_id: int, lease_s: f
     the statement itself."""
     if not trial_ids:
         return []
-    trials = TrialRow.__table__
-    stmt = (update(trials)
-            .where(trials.c.id.in_(sorted(set(trial_ids))),
-                   (trials.c.status == TrialStatus.QUEUED)
-                   | ((trials.c.status == TrialStatus.LEASED)
-                      & (trials.c.lease_deadline < now)))
-            .values(status=TrialStatus.LEASED, worker_id=worker_id,
-                    lease_deadline=now + lease_s, attempts=trials.c.attempts + 1)
-            .returning(*trials.c))
-    return sorted(session.scalars(select(TrialRow).from_statement(stmt)
-                                  .execution_options(populate_existing=True)),
+    return sorted(session.scalars(_TAKE, {"ids": sorted(set(trial_ids)), "now": now,
+                                          "worker_id": worker_id,
+                                          "deadline": now + lease_s}),
                   key=lambda trial: trial.id)
