@@ -109,7 +109,8 @@ def check_measurement(result: MeasureResult) -> None:
     """Raise ValueError (one line) unless ``result`` is what a worker may report and the
     records database may rank: the one rule for a worker's result and an imported line.
 
-    Costs are finite seconds > 0 (a failed result carries FAILED_COST), at least one
+    Costs are seconds in (0, FAILED_COST] (a failed result carries FAILED_COST: no
+    measurement ranks below a failure, and their mean stays finite), at least one
     when error_no is 0, at most MAX_COSTS; all_cost finite and >= 0; a timestamp in
     (0, 2^40); the error message printable text (line breaks and tabs allowed) of at
     most MAX_ERROR_MSG_CHARS characters. NaN and Infinity cannot be stored (PostgreSQL
@@ -117,10 +118,10 @@ def check_measurement(result: MeasureResult) -> None:
     costs = result.costs
     if len(costs) > MAX_COSTS:
         raise ValueError(f"costs: more than {MAX_COSTS} costs")
-    if not all(math.isfinite(c) and c > 0 for c in costs):
+    if not all(0 < c <= FAILED_COST for c in costs):  # False for NaN too
         listed = ", ".join(f"{c:g}" for c in costs[:5]) + (", ..." if len(costs) > 5 else "")
-        raise ValueError(f"costs: every cost must be a finite number > 0 seconds "
-                         f"(got [{listed}])")
+        raise ValueError(f"costs: every cost must be a finite number > 0 and <= "
+                         f"{FAILED_COST:g} seconds (got [{listed}])")
     if result.ok and not costs:
         raise ValueError("costs: a result with error_no 0 needs at least one cost")
     if not (math.isfinite(result.all_cost) and result.all_cost >= 0):

@@ -41,11 +41,12 @@ def test_reported_rows(sessions: sessionmaker[Session]) -> None:
     for row in records:
         record = Record.from_json(row.line)
         assert record.to_json() == row.line
-        # the columns beside the line (PostgreSQL stores them from arrays, unnest)
+        # the columns beside the line (PostgreSQL reads them from one JSON string)
         assert (row.line_hash, row.target, row.target_kind, row.template, row.source) == (
             record_hash(row.line), str(record.target), record.target.kind,
             record.workload.template, "measured")
         assert row.created_at is not None and row.timestamp == record.result.timestamp
+        assert row.mean_cost == record.result.mean_cost  # floats as they were sent
         trial = trials[row.trial_id]
         assert (trial.status, trial.error_no, trial.lease_deadline) == (
             TrialStatus.DONE, row.error_no, None)
@@ -60,7 +61,7 @@ def test_reported_rows(sessions: sessionmaker[Session]) -> None:
 
 
 def test_the_postgresql_insert_names_every_column_but_the_id() -> None:
-    """The unnest INSERT lists its columns itself: one added to the table must be added
+    """The json_to_recordset INSERT lists its columns itself: one added to the table must be added
     there too (else PostgreSQL stores it NULL where SQLite stores its default)."""
     from tuner_server.services.records import _TRIAL_COLUMNS
 

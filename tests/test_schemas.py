@@ -381,6 +381,8 @@ def _result(**change: Any) -> MeasureResult:
         ({"costs": (0.0,)}, "costs"),
         ({"costs": (1e-3, -1.0)}, "costs"),
         ({"costs": (float("inf"),)}, "costs"),
+        ({"costs": (1e308, 1e308)}, "costs"),  # each finite, their mean not
+        ({"costs": (FAILED_COST * 2,)}, "costs"),
         ({"costs": (float("nan"),), "error_no": 4}, "costs"),
         ({"costs": ()}, "at least one cost"),
         ({"costs": (1e-3,) * 1001}, "more than 1000"),
