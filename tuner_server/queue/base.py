@@ -97,19 +97,6 @@ class DispatchQueue(ABC):
                               .where(TrialRow.status == TrialStatus.QUEUED)) or 0
 
 
-def take(session: Session, trial_id: int, worker_id: int, lease_s: float, now: float) -> bool:
-    """Lease one trial if it is free (queued, or leased past its deadline): the guard that
-    keeps a trial from being handed out twice whatever a queue's tickets say."""
-    result = session.execute(
-        update(TrialRow)
-        .where(TrialRow.id == trial_id,
-               (TrialRow.status == TrialStatus.QUEUED)
-               | ((TrialRow.status == TrialStatus.LEASED) & (TrialRow.lease_deadline < now)))
-        .values(status=TrialStatus.LEASED, worker_id=worker_id, lease_deadline=now + lease_s,
-                attempts=TrialRow.attempts + 1))
-    return bool(result.rowcount)  # type: ignore[attr-defined]
-
-
 _TRIALS = TrialRow.__table__
 # Built once (a statement object keeps its cache key: each lease binds values only)
 _TAKE = (select(TrialRow).from_statement(
@@ -126,8 +113,10 @@ _TAKE = (select(TrialRow).from_statement(
 
 def take_many(session: Session, trial_ids: list[int], worker_id: int, lease_s: float,
               now: float) -> list[TrialRow]:
-    """``take`` for many trials in one statement: the trials it leased, in id order,
-    read back by the UPDATE itself (RETURNING), not by a second SELECT. A Core UPDATE
+    """Lease those of these trials that are free (queued, or leased past their deadline)
+    in one statement: the guard that keeps a trial from being handed out twice whatever
+    a queue's tickets say. The trials it leased, in id order, read back by the UPDATE
+    itself (RETURNING), not by a second SELECT. A Core UPDATE
     loaded as rows (``from_statement``): the ORM's bulk-UPDATE path cost more CPU than
     the statement itself."""
     if not trial_ids:

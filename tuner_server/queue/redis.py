@@ -1,6 +1,6 @@
 """Redis Streams dispatch: a stream per target queue, one consumer group, a consumer per
 worker. A stream entry is a ticket for a trial; the trials table decides whether the
-ticket is still good (see ``take``), so a lost or doubled ticket never loses or doubles
+ticket is still good (see ``take_many``), so a lost or doubled ticket never loses or doubles
 a trial. Tickets of a dead worker are taken over with XAUTOCLAIM once idle past the lease.
 
 Redis is a hint, the database the truth: a ticket change after a commit that fails (Redis
