@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from sqlalchemy.orm import Session
@@ -41,9 +42,19 @@ from tuner_server.services import dispatch, fleet
 router = APIRouter(prefix="/api/v1/workers", tags=["workers"], responses=refusals(404, 409))
 
 
-def _worker(session: Session, worker_id: int, seen: bool = False) -> WorkerRow:
-    """The worker (``seen``: its last_seen set to now, as a lease or report does)."""
-    worker = (dispatch.seen_worker if seen else dispatch.get_worker)(session, worker_id)
+def _worker(session: Session, worker_id: int) -> WorkerRow:
+    return _found(dispatch.get_worker(session, worker_id), worker_id)
+
+
+def _seen(session: Session, worker_id: int) -> dispatch.SeenWorker:
+    """The worker as a lease or a report reads it, its last_seen set to now."""
+    return _found(dispatch.seen_worker(session, worker_id), worker_id)
+
+
+W = TypeVar("W", WorkerRow, dispatch.SeenWorker)
+
+
+def _found(worker: W | None, worker_id: int) -> W:
     if worker is None:
         raise HTTPException(404, f"worker {worker_id} is not registered")
     return worker
@@ -139,7 +150,7 @@ def _lease_once(state: State, worker_id: int, max_trials: int
     """One lease attempt in a session of its own: (trials leased, queues the worker
     serves)."""
     with state.sessions() as session:
-        worker = _worker(session, worker_id, seen=True)
+        worker = _seen(session, worker_id)
         with _refusals():
             trials, failed = dispatch.lease(session, state.queue, worker, max_trials,
                                             state.settings.lease_seconds)
@@ -179,7 +190,7 @@ def store_results(state: State, session: Session, worker_id: int,
                   body: Results) -> ResultsAccepted:
     """The results route's work (``api.hot`` answers most calls with it too); raises
     HTTPException, with nothing stored, for an unknown worker or a refused result."""
-    worker = _worker(session, worker_id, seen=True)
+    worker = _seen(session, worker_id)
     with _refusals():
         counts = dispatch.report(session, worker,
                                  [(r.trial_id, r.result, r.info) for r in body.results])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import Row, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from schemas import Target
@@ -73,8 +73,9 @@ class DispatchQueue(ABC):
 
     @abstractmethod
     def lease(self, session: Session, worker_id: int, queues: list[str], limit: int,
-              lease_s: float, now: float) -> list[TrialRow]:
-        """Mark up to ``limit`` queued trials leased to ``worker_id``; caller commits."""
+              lease_s: float, now: float) -> list[TakenTrial]:
+        """Mark up to ``limit`` queued trials leased to ``worker_id`` (``take_many``);
+        caller commits."""
 
     @abstractmethod
     def finished(self, trial_ids: list[int]) -> None:
@@ -98,30 +99,32 @@ class DispatchQueue(ABC):
 
 
 _TRIALS = TrialRow.__table__
-# Built once (a statement object keeps its cache key: each lease binds values only)
-_TAKE = (select(TrialRow).from_statement(
-    update(_TRIALS)
-    .where(_TRIALS.c.id.in_(bindparam("ids", expanding=True)),
-           (_TRIALS.c.status == TrialStatus.QUEUED)
-           | ((_TRIALS.c.status == TrialStatus.LEASED)
-              & (_TRIALS.c.lease_deadline < bindparam("now"))))
-    .values(status=TrialStatus.LEASED, worker_id=bindparam("worker_id"),
-            lease_deadline=bindparam("deadline"), attempts=_TRIALS.c.attempts + 1)
-    .returning(*_TRIALS.c))
-    .execution_options(populate_existing=True))
+# Built once (a statement object keeps its cache key: each lease binds values only);
+# Core on the table, so the session runs it without the ORM's execution path
+_TAKE = (update(_TRIALS)
+         .where(_TRIALS.c.id.in_(bindparam("ids", expanding=True)),
+                (_TRIALS.c.status == TrialStatus.QUEUED)
+                | ((_TRIALS.c.status == TrialStatus.LEASED)
+                   & (_TRIALS.c.lease_deadline < bindparam("now"))))
+         .values(status=TrialStatus.LEASED, worker_id=bindparam("worker_id"),
+                 lease_deadline=bindparam("deadline"), attempts=_TRIALS.c.attempts + 1)
+         .returning(*_TRIALS.c))
+
+# A trial as a lease took it: the trials table's columns, read only (a Core row)
+TakenTrial = Row[Any]
 
 
 def take_many(session: Session, trial_ids: list[int], worker_id: int, lease_s: float,
-              now: float) -> list[TrialRow]:
+              now: float) -> list[TakenTrial]:
     """Lease those of these trials that are free (queued, or leased past their deadline)
     in one statement: the guard that keeps a trial from being handed out twice whatever
     a queue's tickets say. The trials it leased, in id order, read back by the UPDATE
-    itself (RETURNING), not by a second SELECT. A Core UPDATE
-    loaded as rows (``from_statement``): the ORM's bulk-UPDATE path cost more CPU than
-    the statement itself."""
+    itself (RETURNING), not by a second SELECT, as plain rows: loading them as ORM
+    objects cost more CPU than the statement (a caller that changes one loads it). Any
+    copy of these trials the session holds is stale after it."""
     if not trial_ids:
         return []
-    return sorted(session.scalars(_TAKE, {"ids": sorted(set(trial_ids)), "now": now,
+    return sorted(session.execute(_TAKE, {"ids": sorted(set(trial_ids)), "now": now,
                                           "worker_id": worker_id,
                                           "deadline": now + lease_s}),
                   key=lambda trial: trial.id)

@@ -33,6 +33,7 @@ from tuner_server.queue.base import (
     DispatchQueue,
     QueuedTrial,
     QueueUnavailable,
+    TakenTrial,
     take_many,
 )
 from tuner_server.queue.notify import Counts, Subscription, counts_of
@@ -220,7 +221,7 @@ class RedisQueue(DispatchQueue):
         return tickets
 
     def lease(self, session: Session, worker_id: int, queues: list[str], limit: int,
-              lease_s: float, now: float) -> list[TrialRow]:
+              lease_s: float, now: float) -> list[TakenTrial]:
         consumer = f"worker-{worker_id}"
         tickets: list[tuple[str, str, int]] = []
         try:

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from schemas.api import TrialStatus
 from tuner_server.db.models import TrialRow
-from tuner_server.queue.base import DispatchQueue, QueuedTrial, take_many
+from tuner_server.queue.base import DispatchQueue, QueuedTrial, TakenTrial, take_many
 
 # Another server process's pushes reach this one's waiting leases through the shared
 # check of the trials table (one query for all of them) this often.
@@ -26,7 +26,7 @@ class SqlQueue(DispatchQueue):
         self._arrived(trials)  # queued rows are the queue: only the waiters to wake
 
     def lease(self, session: Session, worker_id: int, queues: list[str], limit: int,
-              lease_s: float, now: float) -> list[TrialRow]:
+              lease_s: float, now: float) -> list[TakenTrial]:
         stmt = (select(TrialRow)
                 .where(TrialRow.status == TrialStatus.QUEUED, TrialRow.queue.in_(queues))
                 .order_by(TrialRow.id).limit(limit))

@@ -8,10 +8,10 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
-from sqlalchemy import bindparam, case, func, not_, select, update
+from sqlalchemy import Float, Row, bindparam, case, func, not_, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
@@ -27,7 +27,7 @@ from schemas import (
 from schemas.api import LeasedTrial, TrialStatus
 from schemas.record import line_of
 from tuner_server.db.models import JobRow, TaskRow, TrialRow, WorkerRow
-from tuner_server.queue.base import DispatchQueue, queue_matches
+from tuner_server.queue.base import DispatchQueue, TakenTrial, queue_matches
 from tuner_server.services.fleet import alive_clause
 from tuner_server.services.records import insert_trial_records, row_of
 from tuner_server.services.tokens import bind_worker_token, revoke_worker_tokens
@@ -125,22 +125,58 @@ def get_worker(session: Session, worker_id: int) -> WorkerRow | None:
     return session.get(WorkerRow, worker_id)
 
 
-_WORKERS = WorkerRow.__table__
-# Built once: a statement object keeps its cache key, so each call binds values only
-# (building and keying it anew was ~1/10 of the look-up's CPU under a fleet's load).
-_SEEN_WORKER = (select(WorkerRow).from_statement(
-    update(_WORKERS).where(_WORKERS.c.id == bindparam("worker_id"))
-    .values(last_seen=bindparam("now")).returning(*_WORKERS.c))
-    .execution_options(populate_existing=True))
+class SeenWorker(NamedTuple):
+    """What a lease or a report reads of its worker (``seen_worker``)."""
+
+    id: int
+    name: str
+    target: str
+    stopped_at: float | None
 
 
-def seen_worker(session: Session, worker_id: int) -> WorkerRow | None:
+Worker = WorkerRow | SeenWorker
+
+_WORKERS, _TRIALS, _TASKS, _JOBS = (row.__table__ for row in (WorkerRow, TrialRow,
+                                                               TaskRow, JobRow))
+# The hot path's statements are built once, on the tables: a statement object keeps its
+# cache key, so each call binds values only (building and keying it anew was ~1/10 of
+# the worker look-up's CPU under a fleet's load), and the session runs a Core statement
+# without the ORM's execution path; rows come back as plain rows, not ORM objects
+# (loading those cost more than executing the statements).
+_SEEN_WORKER = (update(_WORKERS).where(_WORKERS.c.id == bindparam("worker_id"))
+                .values(last_seen=bindparam("now"))
+                .returning(_WORKERS.c.id, _WORKERS.c.name, _WORKERS.c.target,
+                           _WORKERS.c.stopped_at))
+_LEASED_TASKS = (select(_TASKS.c.id, _TASKS.c.template, _TASKS.c.args, _JOBS.c.target,
+                        _JOBS.c.measure)
+                 .join_from(_TASKS, _JOBS, _JOBS.c.id == _TASKS.c.job_id)
+                 .where(_TASKS.c.id.in_(bindparam("ids", expanding=True))))
+_REPORTED = (select(_TRIALS.c.id, _TRIALS.c.task_id, _TRIALS.c.status, _TRIALS.c.worker_id,
+                    _TRIALS.c.config, _TRIALS.c.config_index, _TRIALS.c.verify_round,
+                    _TASKS.c.template, _TASKS.c.args)
+             .join_from(_TRIALS, _TASKS, _TASKS.c.id == _TRIALS.c.task_id)
+             .where(_TRIALS.c.id.in_(bindparam("ids", expanding=True)))
+             .order_by(_TRIALS.c.id).with_for_update(of=_TRIALS))
+_DONE = (update(_TRIALS).where(_TRIALS.c.id.in_(bindparam("ids", expanding=True)))
+         .values(status=TrialStatus.DONE, error_no=bindparam("error_no"), lease_deadline=None))
+# a task's counters after a batch: SET reads the row as it was (trials_done before it)
+_COUNTED = (update(_TASKS).where(_TASKS.c.id == bindparam("task_id"))
+            .values(trials_done=_TASKS.c.trials_done + bindparam("done")))
+_BETTER = _TASKS.c.best_cost.is_(None) | (_TASKS.c.best_cost > bindparam("cost", type_=Float))
+_COUNTED_BEST = _COUNTED.values(
+    best_cost=case((_BETTER, bindparam("cost", type_=Float)), else_=_TASKS.c.best_cost),
+    best_trial=case((_BETTER, _TASKS.c.trials_done + bindparam("position")),
+                    else_=_TASKS.c.best_trial))
+
+
+def seen_worker(session: Session, worker_id: int) -> SeenWorker | None:
     """The worker, its ``last_seen`` set to now: a lease's or a report's look-up. One
-    UPDATE ... RETURNING loaded as the row, not a SELECT and, at the next flush, the
-    ORM's unit of work writing ``last_seen`` (together ~1/8 of a report's CPU under a
-    fleet's load). The caller commits; a refusal rolls it back with the rest."""
-    return session.scalars(_SEEN_WORKER, {"worker_id": worker_id, "now": time.time()}
-                           ).one_or_none()
+    UPDATE ... RETURNING, not a SELECT and, at the next flush, the ORM's unit of work
+    writing ``last_seen`` (together ~1/8 of a report's CPU under a fleet's load). The
+    caller commits; a refusal rolls it back with the rest."""
+    row = session.execute(_SEEN_WORKER, {"worker_id": worker_id, "now": time.time()}
+                          ).one_or_none()
+    return None if row is None else SeenWorker(*row)
 
 
 @lru_cache(maxsize=4096)
@@ -151,12 +187,12 @@ def _parsed(target: str) -> tuple[Target, tuple[str, ...]]:
     return parsed, tuple(queue_matches(parsed))
 
 
-def served_queues(worker: WorkerRow) -> tuple[str, ...]:
+def served_queues(worker: Worker) -> tuple[str, ...]:
     """The queues the worker serves (``queue_matches`` of its target)."""
     return _served(worker)[1]
 
 
-def _served(worker: WorkerRow) -> tuple[Target, tuple[str, ...]]:
+def _served(worker: Worker) -> tuple[Target, tuple[str, ...]]:
     """The worker's target and queues, or a refusal saying how to recover (a row written
     before targets were checked to round-trip)."""
     try:
@@ -166,7 +202,7 @@ def _served(worker: WorkerRow) -> tuple[Target, tuple[str, ...]]:
                             "parse; register again") from None
 
 
-def lease(session: Session, queue: DispatchQueue, worker: WorkerRow, limit: int,
+def lease(session: Session, queue: DispatchQueue, worker: Worker, limit: int,
           lease_s: float) -> tuple[list[LeasedTrial], list[int]]:
     """Lease up to ``limit`` trials for the worker's target (``worker`` as
     ``seen_worker`` read it); caller commits.
@@ -182,21 +218,28 @@ def lease(session: Session, queue: DispatchQueue, worker: WorkerRow, limit: int,
     out: list[LeasedTrial] = []
     failed: list[int] = []
     # the trials' tasks and jobs in one query, not two look-ups a trial
-    tasks = {task.id: (task, job) for task, job in session.execute(
-        select(TaskRow, JobRow).join(JobRow, JobRow.id == TaskRow.job_id)
-        .where(TaskRow.id.in_(sorted({t.task_id for t in trials}))))} if trials else {}
+    tasks = {task.id: task for task in session.execute(
+        _LEASED_TASKS, {"ids": sorted({t.task_id for t in trials})})} if trials else {}
     for trial in trials:
         if trial.attempts > MAX_ATTEMPTS:  # this lease is the one past the limit
-            trial.worker_id = None  # not this worker's failure: it never held it
-            _fail_lost(session, trial, trial.attempts - 1)
+            _fail_past_attempts(session, trial)
             failed.append(trial.id)
             continue
-        task, job = tasks[trial.task_id]
-        measure = verify_measure(job.measure) if trial.verify_round else job.measure
+        task = tasks[trial.task_id]
+        measure = verify_measure(task.measure) if trial.verify_round else task.measure
         out.append(LeasedTrial(trial_id=trial.id, task_id=task.id, template=task.template,
-                               args=task.args, config=trial.config, target=job.target,
+                               args=task.args, config=trial.config, target=task.target,
                                measure=measure, lease_deadline=trial.lease_deadline))
     return out, failed
+
+
+def _fail_past_attempts(session: Session, taken: TakenTrial) -> None:
+    """A trial a queue handed over past MAX_ATTEMPTS (see :func:`lease`) recorded as
+    failed: it lost the workers before this one, not this one (it never held it)."""
+    trial = session.get(TrialRow, taken.id, populate_existing=True)
+    assert trial is not None  # the lease's UPDATE just returned it
+    trial.worker_id = None
+    _fail_lost(session, trial, trial.attempts - 1)
 
 
 def _held(session: Session, worker: WorkerRow, trial_ids: list[int], refused: str
@@ -262,7 +305,10 @@ def deregister(session: Session, worker: WorkerRow) -> list[TrialRow]:
     return trials
 
 
-Outcome = tuple[TrialRow, MeasureResult, str, dict[str, Any] | None]  # + device target
+# a trial as its report read it (a row of the report's SELECT) or an ORM row (an expired
+# lease recorded as failed): its id, task_id, config, config_index and verify_round
+StoredTrial = TrialRow | Row[Any]
+Outcome = tuple[StoredTrial, MeasureResult, str, dict[str, Any] | None]  # + device target
 
 
 TaskParts = tuple[str, list[Any]]  # a task row's template and args
@@ -302,18 +348,12 @@ def _store(session: Session, outcomes: list[Outcome],
     # Core statements on the tables: the ORM's bulk paths cost more than the rows here
     stored = insert_trial_records(session, rows)
     outcomes = [outcome for outcome in outcomes if outcome[0].id in stored]
-    # the trials done in one statement per error number, not one UPDATE each; the
-    # session's copies of them are set to match, as loaded (nothing left to flush)
+    # the trials done in one statement per error number, not one UPDATE each
     by_error: dict[int, list[int]] = {}
     for trial, result, _target, _info in outcomes:
         by_error.setdefault(int(result.error_no), []).append(trial.id)
-        for name, value in (("status", TrialStatus.DONE), ("error_no", int(result.error_no)),
-                            ("lease_deadline", None)):
-            set_committed_value(trial, name, value)
-    trials = TrialRow.__table__
     for error_no, ids in sorted(by_error.items()):
-        session.execute(trials.update().where(trials.c.id.in_(ids)).values(
-            status=TrialStatus.DONE, error_no=error_no, lease_deadline=None))
+        session.execute(_DONE, {"ids": ids, "error_no": error_no})
     per_task: dict[int, list[Any]] = {}  # task id -> [count, best cost, its position]
     for trial, result, _target, _info in outcomes:
         if trial.verify_round:
@@ -324,23 +364,20 @@ def _store(session: Session, outcomes: list[Outcome],
             entry[1], entry[2] = result.mean_cost, entry[0]
     # Core UPDATEs (the ORM's bulk-update path cost a report ~3% of its CPU); a task row
     # this session holds (a scheduler pass's) is expired, to be read again if used
-    cols = TaskRow.__table__.c
     for task_id in sorted(per_task):
         done, cost, position = per_task[task_id]
-        values: dict[str, Any] = {"trials_done": cols.trials_done + done}
-        if cost is not None:  # SET reads the row as it was: trials_done before this batch
-            better = cols.best_cost.is_(None) | (cols.best_cost > cost)
-            values["best_cost"] = case((better, cost), else_=cols.best_cost)
-            values["best_trial"] = case((better, cols.trials_done + position),
-                                        else_=cols.best_trial)
-        session.execute(update(TaskRow.__table__).where(cols.id == task_id).values(**values))
+        if cost is None:
+            session.execute(_COUNTED, {"task_id": task_id, "done": done})
+        else:
+            session.execute(_COUNTED_BEST, {"task_id": task_id, "done": done, "cost": cost,
+                                            "position": position})
         held = session.identity_map.get(identity_key(TaskRow, task_id))
         if held is not None:
             session.expire(held, ["trials_done", "best_cost", "best_trial"])
     return stored
 
 
-def _refusal(trial: TrialRow | None, worker: WorkerRow) -> str:
+def _refusal(trial: StoredTrial | None, worker: Worker) -> str:
     """Why this worker may not report this trial (what follows "trial N is")."""
     if trial is None:
         return ""
@@ -366,7 +403,7 @@ def _refused(reasons: dict[int, str], head: str = "results refused, nothing stor
             + (f"; and {more} more" if more > 0 else ""))
 
 
-def report(session: Session, worker: WorkerRow,
+def report(session: Session, worker: Worker,
            results: list[tuple[int, MeasureResult, dict[str, Any] | None]]) -> ReportCounts:
     """Store results for trials leased to this worker, each once.
 
@@ -380,17 +417,12 @@ def report(session: Session, worker: WorkerRow,
     target = str(_served(worker)[0])
     counts = ReportCounts()
     ids = sorted({trial_id for trial_id, _result, _info in results})
-    trials: dict[int, TrialRow] = {}
+    trials: dict[int, StoredTrial] = {}
     tasks: dict[int, TaskParts] = {}
     try:
-        for trial, template, args in session.execute(
-                select(TrialRow, TaskRow.template, TaskRow.args)
-                .join(TaskRow, TaskRow.id == TrialRow.task_id)
-                .where(TrialRow.id.in_(ids)).order_by(TrialRow.id)
-                .with_for_update(of=TrialRow)
-                .execution_options(populate_existing=True)) if ids else ():
+        for trial in session.execute(_REPORTED, {"ids": ids}) if ids else ():
             trials[trial.id] = trial
-            tasks[trial.task_id] = (template, args)
+            tasks[trial.task_id] = (trial.template, trial.args)
     except ValueError as err:  # a task's args that do not read as JSON (SQLite's TEXT)
         raise _undecodable(err) from None
     fresh: list[Outcome] = []
@@ -450,10 +482,16 @@ def _fail_lost(session: Session, trial: TrialRow, lost: int) -> bool:
             continue
         try:
             parts = {task.id: (task.template, task.args)} if task is not None else None
-            return bool(_store(session, [(trial, result, target, None)], parts))
+            stored = bool(_store(session, [(trial, result, target, None)], parts))
         except ValueError as err:  # its task does not decode
             why = str(err)[:200]
             break
+        if stored:  # the session's copy set as _store's UPDATE left the row
+            for name, value in (("status", TrialStatus.DONE),
+                                ("error_no", int(MeasureErrorNo.UNKNOWN_ERROR)),
+                                ("lease_deadline", None)):
+                set_committed_value(trial, name, value)
+        return stored
     log.error("trial %s lost %s workers; its failure cannot be recorded: %s",
               trial.id, lost, why)
     trial.status, trial.lease_deadline = TrialStatus.DONE, None
