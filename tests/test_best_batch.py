@@ -279,6 +279,13 @@ def test_client_reads_answers_as_validation_would() -> None:
                 {"items": [{**items[0], "record": [1]}, *items[1:]]}, [items]):
         assert _best_items(json.dumps(bad).encode(), asked) is None, bad
     assert _best_items(b"not json", asked) is None
+    # a stored line nested deeper than pydantic's parser goes (200 levels) reads as before
+    deep: Any = 0
+    for _ in range(300):
+        deep = [deep]
+    nested = [{**items[0], "record": {**line, "info": deep}}, *items[1:]]
+    read = _best_items(json.dumps({"items": nested}).encode(), asked)
+    assert read is not None and read[0].record == nested[0]["record"]
 
 
 def test_pretuned_log_kept_as_records_change(sessions: sessionmaker[Session]) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from scheduler_sim import CONV, TARGET, fake_result, run_job
 from server_fixtures import BACKENDS, migrated_sessions
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from schemas import DeviceLimits, Record
@@ -92,8 +92,7 @@ def test_a_trial_whose_record_was_stored_first_is_a_duplicate(
         trial = session.get(TrialRow, first)
         assert trial is not None
         assert dispatch._store(session, [(trial, fake_result(0), str(TARGET), None)]) == {first}
-        session.execute(update(TrialRow).where(TrialRow.id == first).values(  # as this
-            status=TrialStatus.LEASED, worker_id=worker_id))  # report reads it
+        trial.status, trial.worker_id = TrialStatus.LEASED, worker_id  # as this report reads it
     with sessions.begin() as session:
         worker = dispatch.seen_worker(session, worker_id)
         assert worker is not None

@@ -43,6 +43,7 @@ router = APIRouter(prefix="/api/v1/workers", tags=["workers"], responses=refusal
 
 
 def _worker(session: Session, worker_id: int) -> WorkerRow:
+    """The worker's row (a 404 when it is not registered), to change it."""
     return _found(dispatch.get_worker(session, worker_id), worker_id)
 
 

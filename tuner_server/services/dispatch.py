@@ -348,10 +348,15 @@ def _store(session: Session, outcomes: list[Outcome],
     # Core statements on the tables: the ORM's bulk paths cost more than the rows here
     stored = insert_trial_records(session, rows)
     outcomes = [outcome for outcome in outcomes if outcome[0].id in stored]
-    # the trials done in one statement per error number, not one UPDATE each
+    # the trials done in one statement per error number, not one UPDATE each; an ORM
+    # copy of one (an expired lease's) is set to match, as loaded (nothing to flush)
     by_error: dict[int, list[int]] = {}
     for trial, result, _target, _info in outcomes:
         by_error.setdefault(int(result.error_no), []).append(trial.id)
+        if isinstance(trial, TrialRow):
+            for name, value in (("status", TrialStatus.DONE),
+                                ("error_no", int(result.error_no)), ("lease_deadline", None)):
+                set_committed_value(trial, name, value)
     for error_no, ids in sorted(by_error.items()):
         session.execute(_DONE, {"ids": ids, "error_no": error_no})
     per_task: dict[int, list[Any]] = {}  # task id -> [count, best cost, its position]
@@ -482,16 +487,10 @@ def _fail_lost(session: Session, trial: TrialRow, lost: int) -> bool:
             continue
         try:
             parts = {task.id: (task.template, task.args)} if task is not None else None
-            stored = bool(_store(session, [(trial, result, target, None)], parts))
+            return bool(_store(session, [(trial, result, target, None)], parts))
         except ValueError as err:  # its task does not decode
             why = str(err)[:200]
             break
-        if stored:  # the session's copy set as _store's UPDATE left the row
-            for name, value in (("status", TrialStatus.DONE),
-                                ("error_no", int(MeasureErrorNo.UNKNOWN_ERROR)),
-                                ("lease_deadline", None)):
-                set_committed_value(trial, name, value)
-        return stored
     log.error("trial %s lost %s workers; its failure cannot be recorded: %s",
               trial.id, lost, why)
     trial.status, trial.lease_deadline = TrialStatus.DONE, None

@@ -459,9 +459,6 @@ def _workload_of(key: str) -> Workload | None:
         return None
 
 
-# A lookup's column-only queries run on the session's connection, not Session.execute:
-# their rows are the same, without the ORM's execution path and row loading (~1/10 of a
-# 10,000-workload batch's server CPU).
 _STORED = (RecordRow.id, RecordRow.workload_key, RecordRow.target, RecordRow.mean_cost,
            RecordRow.error_no, RecordRow.source, RecordRow.verified_config)
 # What the rule ranks: working records, and every verification record (a failed round
@@ -501,6 +498,7 @@ class _Lines:
         """Read the lines of ``ids`` not read yet (``_among``)."""
         wanted = [i for i in dict.fromkeys(ids) if i not in self.texts]
         for among in _among(self.session, RecordRow.id, wanted):
+            # on the connection, as ``_candidates``'s
             rows = self.session.connection().execute(
                 select(RecordRow.id, cast(RecordRow.line, Text)).where(among))
             self.texts.update((row_id, text) for row_id, text in rows)
@@ -553,6 +551,9 @@ def _candidates(session: Session, keys: Sequence[str], tier: Any
     query (``_among``)."""
     out: dict[str, list[Stored[int]]] = {}
     for among in _among(session, RecordRow.workload_key, keys):
+        # on the session's connection, not Session.execute: the same rows without the
+        # ORM's execution path and row loading (~7% of a 10,000-workload batch's server
+        # CPU), and no autoflush (a lookup's session has nothing pending)
         rows = session.connection().execute(
             select(*_STORED).where(among, _RANKED, tier).order_by(RecordRow.id)).all()
         for key, entries in _stored(rows).items():
@@ -587,7 +588,7 @@ def _leading(session: Session, keys: Sequence[str], tier: Any, target: Target
                                    ).label("at"),
         ).where(among, tier, RecordRow.error_no == 0, RecordRow.mean_cost > 0,
                 RecordRow.mean_cost < FAILED_COST).subquery()
-        rows = session.connection().execute(
+        rows = session.connection().execute(  # as ``_candidates``'s
             select(*[ranked.c[column.key] for column in _STORED])
             .where(ranked.c.at <= LEADING + 1).order_by(ranked.c.id)).all()
         counts = Counter(row[1] for row in rows)  # before unreadable targets are dropped
