@@ -688,6 +688,25 @@ def _leader(session: Session) -> bool:
     return bool(session.scalar(text("SELECT pg_try_advisory_xact_lock(7355608)")))
 
 
+def _outstanding(session: Session) -> dict[int, int]:
+    """Every task's queued and leased trials, in one query over the few such rows.
+
+    On PostgreSQL through an index scan, not the bitmap scan the planner prefers: each
+    trial leaves dead entries for its queued and leased versions in the status indexes
+    until a vacuum, and a bitmap scan walks them all every pass without ever marking
+    them, where an index scan marks those it finds dead and skips them after (at the end
+    of a 100,000-trial job without a vacuum: 16-50 ms a pass against ~1 ms, measured)."""
+    postgres = session.get_bind().dialect.name == "postgresql"
+    if postgres:
+        session.execute(text("SET LOCAL enable_bitmapscan = off"))
+    counts = dict(session.execute(  # type: ignore[arg-type]
+        select(TrialRow.task_id, func.count()).where(TrialRow.status.in_(OUTSTANDING))
+        .group_by(TrialRow.task_id)).all())
+    if postgres:
+        session.execute(text("RESET enable_bitmapscan"))
+    return counts
+
+
 def plan_once(session: Session, queue: DispatchQueue, state: SearchState | None = None
               ) -> tuple[PassStats, list[QueuedTrial], list[TrialRow]]:
     """One scheduling pass in the caller's transaction; returns what to tell the queue.
@@ -706,10 +725,7 @@ def plan_once(session: Session, queue: DispatchQueue, state: SearchState | None 
     fleet = registered_fleet(session, lambda worker_id, target, err: state.warn(
         f"worker {worker_id}", "worker %s is skipped: its target %r or limits do not "
         "parse: %s", worker_id, target, _reason(err)))
-    # every task's queued and leased trials, in one query over the few such rows
-    outstanding: dict[int, int] = dict(session.execute(  # type: ignore[arg-type]
-        select(TrialRow.task_id, func.count()).where(TrialRow.status.in_(OUTSTANDING))
-        .group_by(TrialRow.task_id)).all())
+    outstanding = _outstanding(session)
     new: list[QueuedTrial] = []
     running: set[int] = set()
     for job_id in list(session.scalars(select(JobRow.id).where(JobRow.status.in_(ACTIVE))
