@@ -144,10 +144,13 @@ def test_a_pooled_connection_the_server_dropped_is_replaced() -> None:
             engine.dispose()
 
 
-def test_reader_plans_each_statement_for_its_values() -> None:
-    """psycopg prepares a statement run 5 times on a connection, after which PostgreSQL
-    may run it with a generic plan: one made for a few workloads took 17 s for a batch of
-    10,000 that its own plan answers in 0.07 s. The reader's connections never do."""
+def test_reader_prepares_single_lookups_only() -> None:
+    """psycopg prepared any statement run 5 times on a connection, after which
+    PostgreSQL may run it with a generic plan: one made for a few workloads took 17 s
+    for a batch of 10,000 that its own plan answers in 0.07 s. The reader's connections
+    prepare only the statement of a single workload's lookup, which then runs the
+    generic plan (its planning cost as much as its run); a batch's statements are
+    planned for their values each time."""
     with postgres_database() as url:
         migrate(url)
         engine = make_engine(url)
@@ -157,19 +160,27 @@ def test_reader_plans_each_statement_for_its_values() -> None:
             with session_factory(engine).begin() as session:
                 fill(session, asked)
             sessions = session_factory(reader)
+            answers = {}
             for _ in range(8):  # a batch (one query per tier) and single lookups
                 for target in ("cuda -model=h200", "cuda -model=l4"):
                     with sessions() as session:
-                        svc.best(session, asked, Target.parse(target))
-                        svc.best(session, asked[:1], Target.parse(target))
+                        batch = svc.best(session, asked, Target.parse(target))
+                        single = svc.best(session, asked[:1], Target.parse(target))
+                    answers[target] = (batch[0], single[0])
             with reader.connect() as conn:
-                generic, custom = conn.execute(text(
-                    "SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0)"
-                    " FROM pg_prepared_statements")).one()
+                prepared = conn.execute(text(
+                    "SELECT statement, generic_plans, custom_plans"
+                    " FROM pg_prepared_statements")).all()
         finally:
             reader.dispose()
             engine.dispose()
-    assert custom >= 8 * 2 and generic == 0
+    assert prepared, "the single lookup's statement was not prepared"
+    for statement, generic, custom in prepared:
+        assert "string_to_array" not in statement  # one key's statement only
+        assert custom == 0
+    assert sum(generic for _, generic, _ in prepared) == 16
+    for target, (in_batch, alone) in answers.items():  # the same answer either way
+        assert alone.record is not None and alone == in_batch, target
 
 
 def test_a_lookup_query_that_fails_is_a_database_error() -> None:

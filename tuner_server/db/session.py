@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import select
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -102,20 +103,26 @@ def reader_engine(engine: Engine) -> Engine:
     and its workers took 100-170 ms to start and hand back 15,000 rows where the scan
     alone took ~100 ms (10,000 workloads, 100,000 records, 2 cores). Its sorts get 64 MB
     before they spill to disk: a batch's ranking of other devices' candidates sorts ~75,000
-    rows (20 MB), which PostgreSQL's default 4 MB sent through temporary files. Its plans
-    are made for each statement's values (``plan_cache_mode``): psycopg prepares a
-    statement run 5 times on a connection, and PostgreSQL then switched a batch's tier
-    query to a generic plan, made for a few workloads, that took 17 s for 10,000 where
-    its own plan takes 0.07 s (a single lookup pays ~0.08 ms for planning). At most 10
-    connections: lookups hold one for milliseconds. Elsewhere ``engine`` itself (SQLite
-    takes its lock at BEGIN, ``make_engine``)."""
+    rows (20 MB), which PostgreSQL's default 4 MB sent through temporary files. A
+    statement is prepared only where the code says so (psycopg's automatic preparing,
+    after 5 runs on a connection, is off): a prepared statement runs PostgreSQL's generic
+    plan (``plan_cache_mode``), which a single workload's lookup is prepared for (its
+    planning cost as much as its run, ``services.records._few_candidates``), and every
+    other statement is planned for its values: a batch's tier query, prepared
+    automatically, had been switched to a generic plan, made for a few workloads, that
+    took 17 s for 10,000 where its own plan takes 0.07 s. At most 10 connections:
+    lookups hold one for milliseconds. Elsewhere ``engine`` itself (SQLite takes its lock
+    at BEGIN, ``make_engine``)."""
     if engine.dialect.name != "postgresql":
         return engine
     reader = create_engine(engine.url, isolation_level="AUTOCOMMIT", pool_pre_ping=False,
                            pool_recycle=RECYCLE_S, pool_size=5, max_overflow=5,
                            connect_args={"options": "-c max_parallel_workers_per_gather=0 "
                                                       "-c work_mem=64MB "
-                                                      "-c plan_cache_mode=force_custom_plan"})
+                                                      "-c plan_cache_mode=force_generic_plan",
+                                         # never by itself (psycopg's None would refuse
+                                         # the explicit ``prepare=True`` too)
+                                         "prepare_threshold": sys.maxsize})
     event.listen(reader, "checkout", _drop_if_closed_by_server)
     return reader
 
