@@ -76,6 +76,7 @@ def serve(
     from pydantic import ValidationError
 
     from tuner_server.app import create_app
+    from tuner_server.db.session import ConnectionBudgetError
     from tuner_server.settings import Settings
 
     url = resolve_url(database_url)
@@ -92,8 +93,12 @@ def serve(
         fail(f"{name}: {first['msg']}; fix or unset that environment variable")
     if queue_url:
         settings = settings.model_copy(update={"queue_url": queue_url})
+    # each process takes its share of PostgreSQL's connections (db.session.connection_share)
+    settings = settings.model_copy(update={"server_processes": workers})
     try:
         app = create_app(settings)  # checks the schema before anything listens
+    except ConnectionBudgetError as err:
+        fail(f"{err} (--workers; TUNER_DB_CONNECTIONS sets a process's connections)", code=1)
     except ValueError as err:  # the environment's worker token, the queue URL
         fail(f"{err}; fix the setting (--queue-url, TUNER_WORKER_TOKEN)", code=1)
     app.state.queue.ping()  # and the queue: a fleet without its queue would accept jobs
@@ -107,6 +112,7 @@ def serve(
     # one directory.
     os.environ["TUNER_DATABASE_URL"] = settings.database_url
     os.environ["TUNER_QUEUE_URL"] = settings.queue_url
+    os.environ["TUNER_SERVER_PROCESSES"] = str(workers)
     app.state.engine.dispose()
     with metrics_dir():
         uvicorn.run("tuner_server.app:create_app", factory=True, host=host, port=port,

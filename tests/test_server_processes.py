@@ -11,13 +11,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from server_fixtures import (
+    PG_ADMIN_DSN,
     free_port,
     kill_group,
     make_tokens,
@@ -31,7 +34,16 @@ from sqlalchemy.pool import NullPool
 
 from schemas import MeasureErrorNo, MeasureResult
 from tuner_server.db.models import TrialRow
-from tuner_server.db.session import make_engine, session_factory
+from tuner_server.db.session import (
+    HEADROOM,
+    POOL_SIZE,
+    READER_CONNECTIONS,
+    ConnectionBudgetError,
+    connection_share,
+    make_engine,
+    session_factory,
+    split_connections,
+)
 from tuner_server.services.scheduler import _leader
 
 pytestmark = pytest.mark.timeout(180)
@@ -255,3 +267,79 @@ def test_serve_refuses_a_metrics_directory_that_is_not_one(tmp_path: Path) -> No
                                 env={"PROMETHEUS_MULTIPROC_DIR": str(missing)})
     assert result.exit_code == 2, result.output
     assert "PROMETHEUS_MULTIPROC_DIR" in result.output and str(missing) in result.output
+
+
+def _backends(url: str, admin: Any) -> int:
+    """Connections to ``url``'s database other than ``admin``'s own."""
+    name = url.rsplit("/", 1)[1]
+    return int(admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+                             " AND pid <> pg_backend_pid()", (name,)).fetchone()[0])
+
+
+def test_server_processes_hold_their_share_of_connections(tmp_path: Path) -> None:
+    """Each server process holds at most its connections (TUNER_DB_CONNECTIONS here;
+    by default its share of max_connections), however many requests wait: 40
+    requests held by a lock on the records table through `tuner serve --workers 2` of
+    6 connections each open at most 12, and every one is answered once it is released.
+    Before, each process opened up to 40: four processes under a fleet's load ran
+    PostgreSQL's default 100 out ("too many clients already")."""
+    with postgres_database() as url:
+        migrate(url)
+        with serve(tmp_path, url, {"TUNER_DB_CONNECTIONS": "6"}, "--workers", "2") as (base, _):
+            dsn = PG_ADMIN_DSN.replace("dbname=test", f"dbname={url.rsplit('/', 1)[1]}")
+            with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin, \
+                    psycopg.connect(dsn) as locker, ThreadPoolExecutor(40) as pool:
+                locker.execute("LOCK TABLE records IN ACCESS EXCLUSIVE MODE")
+                answers = [pool.submit(httpx.get, f"{base}/metrics", timeout=60)
+                           for _ in range(40)]
+                most = max(_backends(url, admin) for _ in range(30)
+                           if time.sleep(0.1) is None)
+                locker.rollback()  # the lock goes: every request goes on
+                codes = [a.result().status_code for a in answers]
+    assert most <= 12 + 1, most  # + the locker's own
+    assert codes == [200] * 40, codes
+
+
+def test_connection_share_splits_what_postgres_allows() -> None:
+    """A process's share: PostgreSQL's max_connections less its reserved slots and the
+    headroom, split over the processes, at most what one process holds alone; too
+    small a share is refused in words that say what to change."""
+    with postgres_database() as url:
+        engine = make_engine(url)
+        try:
+            with engine.connect() as conn:
+                limit = int(conn.exec_driver_sql("SHOW max_connections").scalar_one())
+                reserved = int(conn.exec_driver_sql(
+                    "SHOW superuser_reserved_connections").scalar_one())
+            for processes in (1, 2, 4, 8):
+                share = connection_share(engine, processes)
+                assert share <= POOL_SIZE + READER_CONNECTIONS
+                assert share * processes <= limit - reserved - HEADROOM
+                pool, reader = split_connections(share)
+                assert pool + reader == share and reader >= 2
+            with pytest.raises(ConnectionBudgetError, match="max_connections"):
+                connection_share(engine, limit)
+        finally:
+            engine.dispose()
+    assert split_connections(POOL_SIZE + READER_CONNECTIONS) == (POOL_SIZE, READER_CONNECTIONS)
+    with pytest.raises(ConnectionBudgetError):
+        split_connections(5)
+
+
+def test_serve_refuses_more_processes_than_postgres_has_connections_for() -> None:
+    """`tuner serve --workers N` whose N processes could not each get the connections
+    they need stops before anything listens, saying what to change."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    with postgres_database() as url:
+        migrate(url)
+        result = CliRunner().invoke(app, ["serve", "--database-url", url, "--queue-url", "sql",
+                                          "--workers", "500"])
+        few = CliRunner().invoke(app, ["serve", "--database-url", url, "--queue-url", "sql"],
+                                 env={"TUNER_DB_CONNECTIONS": "3"})
+    assert result.exit_code == 1, result.output
+    assert "max_connections" in result.output and "--workers" in result.output
+    assert few.exit_code == 1, few.output
+    assert "at least 6" in few.output and "TUNER_DB_CONNECTIONS" in few.output

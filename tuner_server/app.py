@@ -29,10 +29,14 @@ from tuner_server.api import jobs, records, workers
 from tuner_server.api.hot import Shortcuts
 from tuner_server.db.models import RecordRow
 from tuner_server.db.session import (
+    POOL_SIZE,
+    READER_CONNECTIONS,
     check_schema,
+    connection_share,
     make_engine,
     reader_engine,
     session_factory,
+    split_connections,
 )
 from tuner_server.gc_pause import freeze_startup
 from tuner_server.middleware import MAX_DETAIL_CHARS, Guard, outage_reason, refusal
@@ -68,8 +72,16 @@ def create_app(settings: Settings | None = None,
     settings = settings or Settings()
     engine = make_engine(settings.database_url)
     check_schema(engine, settings.database_url)
+    reader_connections = READER_CONNECTIONS
+    if engine.dialect.name == "postgresql":  # this process's share of the connections
+        pool, reader_connections = split_connections(
+            settings.db_connections
+            or connection_share(engine, settings.server_processes))
+        if pool != POOL_SIZE:
+            engine.dispose()
+            engine = make_engine(settings.database_url, pool)
     sessions = session_factory(engine)
-    reader = reader_engine(engine)
+    reader = reader_engine(engine, reader_connections)
     if settings.worker_token:
         with sessions.begin() as session:
             ensure_token(session, settings.worker_token, "worker", "bootstrap")

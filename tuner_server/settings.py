@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -31,3 +32,10 @@ class Settings(BaseSettings):
     # a fleet's bootstrap worker token (TUNER_WORKER_TOKEN): admitted at startup; it only
     # registers workers, each of which gets a token of its own
     worker_token: str | None = None
+    # server processes sharing the database (TUNER_SERVER_PROCESSES: ``tuner serve
+    # --workers N`` sets it); each takes its share of PostgreSQL's connections
+    server_processes: int = Field(1, ge=1)
+    # connections one process may hold (TUNER_DB_CONNECTIONS), its pool and records/best's
+    # reader together; unset: its share of the server's max_connections
+    # (``db.session.connection_share``). Servers on several hosts over one database set it.
+    db_connections: int | None = Field(None, ge=1)

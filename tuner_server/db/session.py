@@ -22,7 +22,9 @@ class SchemaError(RuntimeError):
     """The database's schema is not the one this code knows."""
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, pool_size: int | None = None) -> Engine:
+    """An engine for ``url``; on PostgreSQL a pool of ``pool_size`` connections (default
+    POOL_SIZE; a server process takes its share, ``connection_share``)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
@@ -52,16 +54,62 @@ def make_engine(url: str) -> Engine:
     # server (requests in 40 threads) opened ~15 PostgreSQL connections a second, a
     # backend forked and its statements prepared anew each time.
     engine = create_engine(url, pool_pre_ping=False, pool_recycle=RECYCLE_S,
-                           pool_size=POOL_SIZE, max_overflow=0)
+                           pool_size=pool_size or POOL_SIZE, max_overflow=0)
     event.listen(engine, "checkout", _drop_if_closed_by_server)
     return engine
 
 
 # Seconds a pooled connection is kept before it is replaced (at its next checkout).
 RECYCLE_S = 1800
-# Connections a server process holds at most (records/best's reader has its own 10):
-# a request past them waits for one to come back, as it did past 10 + 20 overflowing.
+# Connections a server process holds at most (records/best's reader has its own
+# READER_CONNECTIONS): a request past them waits for one to come back (SQLAlchemy's
+# pool timeout, then 503), as it did past 10 + 20 overflowing.
 POOL_SIZE = 30
+READER_CONNECTIONS = 10
+# PostgreSQL connections the server processes leave to everything else: migrations, the
+# CLI's commands, an operator's psql.
+HEADROOM = 10
+# The fewest a process works with: the scheduler's and a few requests', the reader's 2.
+MIN_CONNECTIONS = 6
+
+
+class ConnectionBudgetError(ValueError):
+    """PostgreSQL allows too few connections for the server processes asked for."""
+
+
+def connection_share(engine: Engine, processes: int) -> int:
+    """The connections one of ``processes`` server processes may hold on ``engine``'s
+    PostgreSQL (its pool and its reader's together): the server's ``max_connections``
+    less the slots reserved for superusers (and, from PostgreSQL 16, for
+    ``pg_use_reserved_connections``) and HEADROOM, split evenly, at most the
+    POOL_SIZE + READER_CONNECTIONS a process holds alone. Four processes of 40 each had
+    160 for PostgreSQL's default 100: under a fleet's load, requests failed with "too
+    many clients already". Raises ConnectionBudgetError below MIN_CONNECTIONS."""
+    with engine.connect() as conn:
+        limit, superusers, reserved = conn.exec_driver_sql(
+            "SELECT current_setting('max_connections')::int,"
+            " current_setting('superuser_reserved_connections')::int,"
+            " coalesce(current_setting('reserved_connections', true), '0')::int").one()
+    usable = limit - superusers - reserved - HEADROOM
+    share = min(POOL_SIZE + READER_CONNECTIONS, usable // max(processes, 1))
+    if share < MIN_CONNECTIONS:
+        raise ConnectionBudgetError(
+            f"PostgreSQL allows {limit} connections ({superusers + reserved} reserved, "
+            f"{HEADROOM} left to other clients): {processes} server process(es) would get "
+            f"{max(share, 0)} each, fewer than the {MIN_CONNECTIONS} one needs; raise "
+            "max_connections or run fewer server processes")
+    return share
+
+
+def split_connections(total: int) -> tuple[int, int]:
+    """(pool, reader) of a process's ``total`` connections: a quarter to records/best's
+    reader (2 to READER_CONNECTIONS), the rest to the pool (at most POOL_SIZE).
+    Raises ConnectionBudgetError below MIN_CONNECTIONS."""
+    if total < MIN_CONNECTIONS:
+        raise ConnectionBudgetError(f"{total} database connections a server process: it "
+                                    f"needs at least {MIN_CONNECTIONS}")
+    reader = max(2, min(READER_CONNECTIONS, total // 4))
+    return min(POOL_SIZE, total - reader), reader
 
 
 def _drop_if_closed_by_server(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
@@ -93,7 +141,7 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-def reader_engine(engine: Engine) -> Engine:
+def reader_engine(engine: Engine, connections: int = READER_CONNECTIONS) -> Engine:
     """An engine for the route that only reads records (records/best), beside
     ``engine``: on PostgreSQL its own small pool of connections in autocommit, so a
     lookup's statements run without BEGIN and ROLLBACK, two of a single lookup's four
@@ -111,12 +159,15 @@ def reader_engine(engine: Engine) -> Engine:
     other statement is planned for its values: a batch's tier query, prepared
     automatically, had been switched to a generic plan, made for a few workloads, that
     took 17 s for 10,000 where its own plan takes 0.07 s. At most 10 connections:
-    lookups hold one for milliseconds. Elsewhere ``engine`` itself (SQLite takes its lock
-    at BEGIN, ``make_engine``)."""
+    lookups hold one for milliseconds (``connections``: fewer where a process's share of
+    the server's connections is smaller). Elsewhere ``engine`` itself (SQLite takes its
+    lock at BEGIN, ``make_engine``)."""
     if engine.dialect.name != "postgresql":
         return engine
+    kept = min(5, connections)
     reader = create_engine(engine.url, isolation_level="AUTOCOMMIT", pool_pre_ping=False,
-                           pool_recycle=RECYCLE_S, pool_size=5, max_overflow=5,
+                           pool_recycle=RECYCLE_S, pool_size=kept,
+                           max_overflow=connections - kept,
                            connect_args={"options": "-c max_parallel_workers_per_gather=0 "
                                                       "-c work_mem=64MB "
                                                       "-c plan_cache_mode=force_generic_plan",
