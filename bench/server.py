@@ -248,7 +248,10 @@ def server(url: str, queue_url: str, log: Path, extra_env: dict[str, str] | None
 
 def metrics(base: str) -> dict[str, float]:
     """The server's Prometheus counters (not part of the REST API)."""
-    text = httpx.get(f"{base}/metrics", timeout=60).text
+    answer = httpx.get(f"{base}/metrics", timeout=60)
+    if answer.status_code != 200:  # e.g. 503: the database refused the server's connection
+        raise SystemExit(f"{base}/metrics answered {answer.status_code}: {answer.text[:300]}")
+    text = answer.text
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
