@@ -97,8 +97,8 @@ def serve(
     settings = settings.model_copy(update={"server_processes": workers})
     try:
         app = create_app(settings)  # checks the schema before anything listens
-    except ConnectionBudgetError as err:
-        fail(f"{err} (--workers; TUNER_DB_CONNECTIONS sets a process's connections)", code=1)
+    except ConnectionBudgetError as err:  # its message says what to change
+        fail(str(err), code=1)
     except ValueError as err:  # the environment's worker token, the queue URL
         fail(f"{err}; fix the setting (--queue-url, TUNER_WORKER_TOKEN)", code=1)
     app.state.queue.ping()  # and the queue: a fleet without its queue would accept jobs

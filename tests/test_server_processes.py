@@ -319,10 +319,15 @@ def test_connection_share_splits_what_postgres_allows() -> None:
                 assert pool + reader == share and reader >= 2
             with pytest.raises(ConnectionBudgetError, match="max_connections"):
                 connection_share(engine, limit)
+            usable = limit - reserved - HEADROOM
+            assert connection_share(engine, 2, asked=usable // 2) == usable // 2
+            for processes, asked in ((2, usable // 2 + 1), (1, 5)):  # too many, too few
+                with pytest.raises(ConnectionBudgetError, match="TUNER_DB_CONNECTIONS"):
+                    connection_share(engine, processes, asked)
         finally:
             engine.dispose()
     assert split_connections(POOL_SIZE + READER_CONNECTIONS) == (POOL_SIZE, READER_CONNECTIONS)
-    with pytest.raises(ConnectionBudgetError):
+    with pytest.raises(ValueError):
         split_connections(5)
 
 
@@ -335,11 +340,15 @@ def test_serve_refuses_more_processes_than_postgres_has_connections_for() -> Non
 
     with postgres_database() as url:
         migrate(url)
+        engine = make_engine(url)
+        with engine.connect() as conn:  # as many processes as connections: too many
+            limit = conn.exec_driver_sql("SHOW max_connections").scalar_one()
+        engine.dispose()
         result = CliRunner().invoke(app, ["serve", "--database-url", url, "--queue-url", "sql",
-                                          "--workers", "500"])
+                                          "--workers", str(limit)])
         few = CliRunner().invoke(app, ["serve", "--database-url", url, "--queue-url", "sql"],
                                  env={"TUNER_DB_CONNECTIONS": "3"})
     assert result.exit_code == 1, result.output
     assert "max_connections" in result.output and "--workers" in result.output
     assert few.exit_code == 1, few.output
-    assert "at least 6" in few.output and "TUNER_DB_CONNECTIONS" in few.output
+    assert "at least 6" in few.output and "TUNER_DB_CONNECTIONS=3" in few.output

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tuner.client import TunerError
 from tuner.database import NoDatabase
 from tuner.embedded import default_database_url, sqlite_path
 
@@ -23,7 +24,7 @@ def dashboard_app(database_url: str | None = None) -> FastAPI:
     """The read-only dashboard app over ``database_url`` (default: ``TUNER_DATABASE_URL``,
     else the embedded SQLite file ``tuner.tune`` writes). :class:`tuner.NoDatabase` when
     there is no such database or its schema is not this version's."""
-    from tuner_server.db.session import SchemaError
+    from tuner_server.db.session import ConnectionBudgetError, SchemaError
     from tuner_server.local_dashboard import create_dashboard_app
 
     url = database_url or default_database_url()
@@ -35,6 +36,8 @@ def dashboard_app(database_url: str | None = None) -> FastAPI:
         return create_dashboard_app(url)
     except SchemaError as err:
         raise NoDatabase(str(err)) from None
+    except ConnectionBudgetError as err:  # PostgreSQL's max_connections, TUNER_DB_CONNECTIONS
+        raise TunerError(str(err)) from None
 
 
 def dashboard(database_url: str | None = None, port: int = DEFAULT_PORT,

@@ -31,6 +31,7 @@ from tuner_server.db.models import RecordRow
 from tuner_server.db.session import (
     POOL_SIZE,
     READER_CONNECTIONS,
+    ConnectionBudgetError,
     check_schema,
     connection_share,
     make_engine,
@@ -74,9 +75,13 @@ def create_app(settings: Settings | None = None,
     check_schema(engine, settings.database_url)
     reader_connections = READER_CONNECTIONS
     if engine.dialect.name == "postgresql":  # this process's share of the connections
-        pool, reader_connections = split_connections(
-            settings.db_connections
-            or connection_share(engine, settings.server_processes))
+        try:
+            share = connection_share(engine, settings.server_processes,
+                                     settings.db_connections)
+        except ConnectionBudgetError:
+            engine.dispose()
+            raise
+        pool, reader_connections = split_connections(share)
         if pool != POOL_SIZE:
             engine.dispose()
             engine = make_engine(settings.database_url, pool)

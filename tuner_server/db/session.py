@@ -77,37 +77,47 @@ class ConnectionBudgetError(ValueError):
     """PostgreSQL allows too few connections for the server processes asked for."""
 
 
-def connection_share(engine: Engine, processes: int) -> int:
+def connection_share(engine: Engine, processes: int, asked: int | None = None) -> int:
     """The connections one of ``processes`` server processes may hold on ``engine``'s
-    PostgreSQL (its pool and its reader's together): the server's ``max_connections``
-    less the slots reserved for superusers (and, from PostgreSQL 16, for
-    ``pg_use_reserved_connections``) and HEADROOM, split evenly, at most the
-    POOL_SIZE + READER_CONNECTIONS a process holds alone. Four processes of 40 each had
-    160 for PostgreSQL's default 100: under a fleet's load, requests failed with "too
-    many clients already". Raises ConnectionBudgetError below MIN_CONNECTIONS."""
+    PostgreSQL (its pool and its reader's together): ``asked`` (TUNER_DB_CONNECTIONS),
+    else the server's ``max_connections`` less the slots reserved for superusers (and,
+    from PostgreSQL 16, for ``pg_use_reserved_connections``) and HEADROOM, split
+    evenly, at most the POOL_SIZE + READER_CONNECTIONS a process holds alone. Four
+    processes of 40 each had 160 for PostgreSQL's default 100: under a fleet's load,
+    requests failed with "too many clients already". Raises ConnectionBudgetError below
+    MIN_CONNECTIONS, or where ``asked`` times ``processes`` is more than that budget
+    (other hosts' servers, other databases and a role's own limit are not known here)."""
     with engine.connect() as conn:
         limit, superusers, reserved = conn.exec_driver_sql(
             "SELECT current_setting('max_connections')::int,"
             " current_setting('superuser_reserved_connections')::int,"
             " coalesce(current_setting('reserved_connections', true), '0')::int").one()
     usable = limit - superusers - reserved - HEADROOM
+    budget = (f"PostgreSQL allows {limit} connections ({superusers + reserved} reserved, "
+              f"{HEADROOM} left to other clients)")
+    if asked is not None:
+        if asked < MIN_CONNECTIONS or asked * processes > usable:
+            raise ConnectionBudgetError(
+                f"TUNER_DB_CONNECTIONS={asked}: a server process needs at least "
+                f"{MIN_CONNECTIONS}, and {processes} of them may hold {max(usable, 0)} "
+                f"together ({budget}); set it between {MIN_CONNECTIONS} and "
+                f"{max(usable, 0) // processes}, or unset it")
+        return asked
     share = min(POOL_SIZE + READER_CONNECTIONS, usable // max(processes, 1))
     if share < MIN_CONNECTIONS:
         raise ConnectionBudgetError(
-            f"PostgreSQL allows {limit} connections ({superusers + reserved} reserved, "
-            f"{HEADROOM} left to other clients): {processes} server process(es) would get "
-            f"{max(share, 0)} each, fewer than the {MIN_CONNECTIONS} one needs; raise "
-            "max_connections or run fewer server processes")
+            f"{budget}: {processes} server process(es) would get {max(share, 0)} each, "
+            f"fewer than the {MIN_CONNECTIONS} one needs; raise max_connections or run "
+            "fewer server processes (tuner serve --workers)")
     return share
 
 
 def split_connections(total: int) -> tuple[int, int]:
-    """(pool, reader) of a process's ``total`` connections: a quarter to records/best's
-    reader (2 to READER_CONNECTIONS), the rest to the pool (at most POOL_SIZE).
-    Raises ConnectionBudgetError below MIN_CONNECTIONS."""
+    """(pool, reader) of a process's ``total`` connections (at least MIN_CONNECTIONS,
+    ``connection_share``): a quarter to records/best's reader (2 to READER_CONNECTIONS),
+    the rest to the pool (at most POOL_SIZE)."""
     if total < MIN_CONNECTIONS:
-        raise ConnectionBudgetError(f"{total} database connections a server process: it "
-                                    f"needs at least {MIN_CONNECTIONS}")
+        raise ValueError(f"{total} connections: a server process needs {MIN_CONNECTIONS}")
     reader = max(2, min(READER_CONNECTIONS, total // 4))
     return min(POOL_SIZE, total - reader), reader
 
@@ -153,12 +163,15 @@ def reader_engine(engine: Engine, connections: int = READER_CONNECTIONS) -> Engi
     before they spill to disk: a batch's ranking of other devices' candidates sorts ~75,000
     rows (20 MB), which PostgreSQL's default 4 MB sent through temporary files. A
     statement is prepared only where the code says so (psycopg's automatic preparing,
-    after 5 runs on a connection, is off): a prepared statement runs PostgreSQL's generic
-    plan (``plan_cache_mode``), which a single workload's lookup is prepared for (its
-    planning cost as much as its run, ``services.records._few_candidates``), and every
-    other statement is planned for its values: a batch's tier query, prepared
-    automatically, had been switched to a generic plan, made for a few workloads, that
-    took 17 s for 10,000 where its own plan takes 0.07 s. At most 10 connections:
+    after 5 runs on a connection, is off): a batch's tier query, prepared automatically,
+    had been switched by PostgreSQL to a generic plan, made for a few workloads, that
+    took 17 s for 10,000 where its own plan takes 0.07 s. A statement not prepared is
+    parsed anew each time, so PostgreSQL plans it for its values (``plan_cache_mode``
+    auto: a statement's first 5 plans are custom; ``force_generic_plan`` would apply to
+    these unnamed statements too). The one statement prepared is a single workload's
+    lookup (``services.records._few_candidates``), whose planning cost as much as its
+    run: after its first 5 runs on a connection PostgreSQL keeps its generic plan, whose
+    estimate is no worse than the custom ones'. At most 10 connections:
     lookups hold one for milliseconds (``connections``: fewer where a process's share of
     the server's connections is smaller). Elsewhere ``engine`` itself (SQLite takes its
     lock at BEGIN, ``make_engine``)."""
@@ -169,8 +182,7 @@ def reader_engine(engine: Engine, connections: int = READER_CONNECTIONS) -> Engi
                            pool_recycle=RECYCLE_S, pool_size=kept,
                            max_overflow=connections - kept,
                            connect_args={"options": "-c max_parallel_workers_per_gather=0 "
-                                                      "-c work_mem=64MB "
-                                                      "-c plan_cache_mode=force_generic_plan",
+                                                      "-c work_mem=64MB",
                                          # never by itself (psycopg's None would refuse
                                          # the explicit ``prepare=True`` too)
                                          "prepare_threshold": sys.maxsize})

@@ -740,10 +740,10 @@ def _few_candidates(session: Session, keys: Sequence[str], target: Target, lines
     if model:
         params.update(kind=target.kind, model=target.model)
     params.update((f"key{i}", _like_pattern(k)) for i, k in enumerate(target.keys))
-    # PostgreSQL: one workload's statement is prepared on its connection and runs the
-    # generic plan (``db.session.reader_engine``): planning these statements took as long
-    # as running them (~0.45 of ~0.9 ms), and one key's plan is the same for every key;
-    # several keys' statement is planned for its values each time
+    # PostgreSQL: one workload's statement is prepared on its connection, where it runs
+    # the generic plan after its first 5 (``db.session.reader_engine``): planning these
+    # statements took as long as running them (~0.45 of ~0.9 ms), and one key's plan is
+    # the same for every key; several keys' statement is planned for its values each time
     one = dialect.name == "postgresql" and len(keys) == 1
     shape = (dialect, model, len(target.keys),
              int(one) if dialect.name == "postgresql" else len(keys))
