@@ -22,7 +22,9 @@ What is measured:
                 lease calls that came back empty (queue drained) included
   best p50/p99  client-side latency of one best-record lookup, one workload each,
                 half the requests answered by the device-model rule, half by the
-                target-key rule (no record for that model)
+                target-key rule (no record for that model); each paired with the same
+                request on a bare keep-alive HTTP/1.1 connection (the endpoint's own
+                latency, printed beside it)
 
 Every call goes through ``tuner_client`` (the one REST client): the latencies include
 its pydantic encoding and parsing, as every real client's do.
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import itertools
 import json
 import math
@@ -81,6 +84,7 @@ import httpx
 
 from schemas import MeasureErrorNo, MeasureResult, Target, Workload
 from schemas.api import (
+    BestRequest,
     JobRequest,
     LeaseAnswer,
     LeaseRequest,
@@ -465,22 +469,46 @@ def fill_records(url: str, n_records: int, n_workloads: int, seed: int = 0,
 
 def run_best(base: str, token: str, workloads: list[list[Any]], n_requests: int,
              seed: int = 1) -> dict[str, Any]:
+    """Single lookups through ``TunerClient.best`` (p50, p99: what a client sees, its
+    own encoding and parsing included), each paired with the same request on a bare
+    keep-alive HTTP/1.1 connection (``endpoint_p50``, ``endpoint_p99``: the endpoint's
+    own latency, its body encoded before the clock starts), the pair's order
+    alternating; the bare answer must name the rule the client's did."""
     rng = random.Random(seed)
     lat: list[float] = []
+    bare: list[float] = []
     rules: dict[str, int] = {}
+    parts = urlsplit(base)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=60)
+    headers = {"content-type": "application/json", "authorization": f"Bearer {token}"}
     with TunerClient(base, token, timeout=60, retries=0) as api:
         for i in range(n_requests + 50):  # the first 50 warm up
             target = rng.choice(QUERY_MODEL if i % 2 == 0 else QUERY_KEY)
             workload = Workload(template=TEMPLATE, args=tuple(rng.choice(workloads)))
-            t0 = time.perf_counter()
-            (item,) = api.best(target, [workload])
-            dt = time.perf_counter() - t0
+            body = BestRequest(target=target, workloads=[workload]).model_dump_json()
+            seconds: dict[str, float] = {}
+            for how in (("client", "bare") if i % 2 == 0 else ("bare", "client")):
+                t0 = time.perf_counter()
+                if how == "client":
+                    (item,) = api.best(target, [workload])
+                else:
+                    conn.request("POST", api.url_of("records/best")[len(base):], body,
+                                 headers)
+                    answer = conn.getresponse()
+                    raw = answer.read()
+                seconds[how] = time.perf_counter() - t0
+            if answer.status != 200 or json.loads(raw)["items"][0]["rule"] != item.rule:
+                raise SystemExit(f"records/best answered {answer.status} on a bare "
+                                 f"connection: {raw[:300]!r}")
             if i >= 50:
-                lat.append(dt * 1e3)
+                lat.append(seconds["client"] * 1e3)
+                bare.append(seconds["bare"] * 1e3)
                 rule = item.rule
                 kind = "none" if rule == "none" else rule.split(":")[0]
                 rules[kind] = rules.get(kind, 0) + 1
+    conn.close()
     return {"p50": pct(lat, 50), "p99": pct(lat, 99), "mean": statistics.fmean(lat),
+            "endpoint_p50": pct(bare, 50), "endpoint_p99": pct(bare, 99),
             "n": len(lat), "rules": rules}
 
 
@@ -777,7 +805,8 @@ def bench_backend(backend: str, args: argparse.Namespace, workdir: Path) -> dict
         b["records"] = filled["count"]
         out["best"] = b
         print(f"  [{backend}] best p50/p99 {b['p50']:.2f}/{b['p99']:.2f} ms over "
-              f"{b['n']} requests, rules {b['rules']}", flush=True)
+              f"{b['n']} requests, rules {b['rules']}; the endpoint on a bare connection "
+              f"{b['endpoint_p50']:.2f}/{b['endpoint_p99']:.2f} ms", flush=True)
     return out
 
 
@@ -823,6 +852,9 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             v, bound = pg["best"]["p99"], best_target_ms(pg["best"]["records"])
             print(f"PostgreSQL + Redis best-lookup p99 {v:.2f} ms at {pg['best']['records']:,} "
                   f"records vs <= {bound:g} ms: {verdict(v, bound, False, ' ms')}")
+            e = pg["best"]["endpoint_p99"]
+            print(f"  the endpoint alone (bare HTTP/1.1, the client library's own encoding "
+                  f"and parsing left out): p99 {e:.2f} ms: {verdict(e, bound, False, ' ms')}")
 
 
 def main(argv: list[str] | None = None) -> int:
