@@ -482,6 +482,7 @@ def run_best(base: str, token: str, workloads: list[list[Any]], n_requests: int,
     conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=60)
     headers = {"content-type": "application/json", "authorization": f"Bearer {token}"}
     with TunerClient(base, token, timeout=60, retries=0) as api:
+        path = urlsplit(api.url_of("records/best")).path
         for i in range(n_requests + 50):  # the first 50 warm up
             target = rng.choice(QUERY_MODEL if i % 2 == 0 else QUERY_KEY)
             workload = Workload(template=TEMPLATE, args=tuple(rng.choice(workloads)))
@@ -492,8 +493,7 @@ def run_best(base: str, token: str, workloads: list[list[Any]], n_requests: int,
                 if how == "client":
                     (item,) = api.best(target, [workload])
                 else:
-                    conn.request("POST", api.url_of("records/best")[len(base):], body,
-                                 headers)
+                    conn.request("POST", path, body, headers)
                     answer = conn.getresponse()
                     raw = answer.read()
                 seconds[how] = time.perf_counter() - t0
