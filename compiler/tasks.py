@@ -5,13 +5,15 @@ A layer has one candidate per template that computes it, in the order the device
 prefers (TVM's op strategy): ``conv2d_NCHWc.x86`` then ``conv2d_nchw.cuda`` on a CPU,
 the reverse on a GPU; 3x3 stride-1 layers add both Winograd templates after them
 (``conv2d_nchw_winograd.cuda``, then ``conv2d_NCHWc_winograd.x86``), 1x1 layers without
-padding the CPU packed-GEMM template ``conv2d_NCHWc_1x1.x86``. On a CPU the template
+padding the CPU packed-GEMM template ``conv2d_NCHWc_1x1.x86``, every other layer its
+implicit-GEMM form ``conv2d_NCHWc_gemm.x86``. On a CPU the template
 whose default config runs fastest comes first (``_cpu_preferred``): Winograd on 3x3
 stride-1 layers of at least ``WINOGRAD_MIN_CHANNELS`` input channels (issue 17: untuned
 ResNet-50 and DenseNet-121 1.2-1.3x faster), ``WINOGRAD_MIN_OUT_CHANNELS`` output
 channels and ``WINOGRAD_MIN_SIZE`` pixels a side, the 1x1 one on 1x1 layers of a 16-lane
-(AVX-512) device, the direct one elsewhere. Tuning takes the preferred one and the
-device class's other templates (on a CPU the direct, Winograd and 1x1 ones; on a GPU
+(AVX-512) device, the implicit GEMM on outputs at most ``GEMM_MAX_WIDTH`` wide of a device
+of fewer lanes, the direct one elsewhere. Tuning takes the preferred one and the
+device class's other templates (on a CPU the direct, Winograd, 1x1 and GEMM ones; on a GPU
 Winograd); a build takes, per layer, the candidate with the fastest record measured on
 this device (TVM's select_implementation), else another device's record (on a CPU only
 the preferred template's), else the preferred one's default.
@@ -34,6 +36,7 @@ WINOGRAD, DEPTHWISE, CONV_INT8 = ("conv2d_nchw_winograd.cuda", "depthwise_conv2d
                                   "conv2d_nchw_int8.cuda")
 WINOGRAD_CPU = "conv2d_NCHWc_winograd.x86"
 CONV1X1_CPU = "conv2d_NCHWc_1x1.x86"
+GEMM_CPU = "conv2d_NCHWc_gemm.x86"
 DENSE_SMALL, DENSE_LARGE, DENSE_CPU = ("dense_small_batch.gpu", "dense_large_batch.gpu",
                                        "dense_pack.x86")
 # AutoTVM's CUDA strategy switches dense to the tiled schedule from this batch size on.
@@ -44,8 +47,14 @@ WINOGRAD_MIN_CHANNELS = 16
 # Nor does it pay under this many output channels or pixels a side (``_cpu_preferred``)
 WINOGRAD_MIN_OUT_CHANNELS = 64
 WINOGRAD_MIN_SIZE = 14
+# On fewer lanes than AVX-512's the implicit GEMM's default runs layers whose output is
+# at most this wide faster than the direct one (``_cpu_preferred``)
+GEMM_MAX_WIDTH = 14
+# and at least this many input channels: a graph input of a few (the stem's 3) comes in
+# plain NCHW, where the GEMM reads its padding through a select per value (1.5x slower)
+GEMM_MIN_CHANNELS = 16
 # The templates tuning covers on each device class (besides the preferred one).
-TUNED_CPU = frozenset({CONV_CPU, WINOGRAD_CPU, CONV1X1_CPU})
+TUNED_CPU = frozenset({CONV_CPU, WINOGRAD_CPU, CONV1X1_CPU, GEMM_CPU})
 TUNED_GPU = frozenset({WINOGRAD})
 
 
@@ -113,6 +122,8 @@ def _conv_candidates(node: Node, cpu: bool, lanes: int) -> list[Workload]:
         found.append(Workload(template=WINOGRAD_CPU, args=host.args))
     if _one_by_one_fits(node):
         found.append(Workload(template=CONV1X1_CPU, args=host.args))
+    else:  # an unpadded 1x1 is the 1x1 template's GEMM already
+        found.append(Workload(template=GEMM_CPU, args=host.args))
     if cpu:
         first = _cpu_preferred(node, lanes)
         found.sort(key=lambda w: w.template != first)  # stable: the rest keep their order
@@ -137,12 +148,23 @@ def _cpu_preferred(node: Node, lanes: int) -> str:
     and 1.01-1.09x (DenseNet-121) faster than on the direct default (bench/conv1x1.py
     --model, a 2-core AVX-512 Xeon); not elsewhere, where its 8-lane default ran at
     0.82-1.01x the direct default's speed (a Zen 1 AVX2 VM), so a build takes it there
-    only where its record measured faster."""
+    only where its record measured faster. The implicit GEMM (``conv2d_NCHWc_gemm.x86``)
+    on other layers whose output is at most ``GEMM_MAX_WIDTH`` pixels wide on a device of
+    8 lanes (AVX2): the direct template's register block must divide the output width
+    (7 or 14 pixels x 16 channels there: more accumulators than AVX2's 16 registers),
+    the GEMM's is any 6 pixels of the image (from ``GEMM_MIN_CHANNELS`` input channels);
+    its default ran ResNet-50's 14x14 and 7x7
+    outputs in 0.63-0.87x the direct default's time and the wider ones at 0.96-1.04x
+    (bench/conv_gemm.py, a Zen 3 AVX2 VM). Not measured on 16 lanes, where the direct
+    block (7 x 16 in one vector) fits the 32 registers: it keeps the direct template."""
     data, weight = node.inputs[0].ty.shape, node.inputs[1].ty.shape
     if _winograd_fits(node) and winograd_preferred(data[1], weight[0], *data[2:]):
         return WINOGRAD_CPU
     if lanes >= AVX512_LANES and _one_by_one_fits(node):
         return CONV1X1_CPU
+    if (0 < lanes < AVX512_LANES and not _one_by_one_fits(node)
+            and node.ty.shape[3] <= GEMM_MAX_WIDTH and data[1] >= GEMM_MIN_CHANNELS):
+        return GEMM_CPU
     return CONV_CPU
 
 
@@ -156,7 +178,7 @@ def winograd_preferred(channels: int, out_channels: int, height: int, width: int
 def candidates(node: Node, target: Target | None = None, lanes: int = 0) -> list[Workload]:
     """The template workloads that can compute ``node``, preferred first (on a CPU the
     template ``_cpu_preferred`` names for a device of ``lanes`` SIMD lanes, then the
-    direct ones, Winograd's and the 1x1 one); empty for ops no template covers (a
+    direct ones, Winograd's and the 1x1 or GEMM one); empty for ops no template covers (a
     grouped conv other than depthwise runs a plain kernel; ``fuse_ops`` splits float
     ones into per-group convs, which templates cover)."""
     cpu = target is not None and target.device_class == "cpu"
@@ -177,7 +199,7 @@ def candidates(node: Node, target: Target | None = None, lanes: int = 0) -> list
 def tuning_candidates(node: Node, target: Target | None = None,
                       lanes: int = 0) -> list[Workload]:
     """What tuning covers for ``node``, preferred first (what an untuned or partly tuned
-    build runs): on a CPU the direct, Winograd and 1x1 templates where they apply, on a
+    build runs): on a CPU the direct, Winograd, 1x1 and GEMM templates where they apply, on a
     GPU the preferred template and Winograd, so a build can take whichever of them
     measured faster."""
     found = candidates(node, target, lanes)

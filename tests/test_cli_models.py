@@ -84,12 +84,13 @@ def test_tasks_lists_every_conv_and_dense_with_its_workload(model_file: Path) ->
     assert result.exit_code == 0, result.output
     keys = [line.split(": ", 1)[1] for line in result.output.splitlines()
             if line[:1].isdigit() and ": [" in line]
-    # both 3x3 stride-1 convs also get a Winograd task (the device class's): tuning
-    # covers direct and Winograd
+    # both 3x3 stride-1 convs also get a Winograd task (the device class's) and on a CPU
+    # an implicit-GEMM one: tuning covers direct, Winograd and GEMM
     cpu = Target.parse(TARGET).device_class == "cpu"
     winograd = "conv2d_NCHWc_winograd.x86" if cpu else "conv2d_nchw_winograd.cuda"
-    assert len(keys) == 5
+    assert len(keys) == (7 if cpu else 5)
     assert sum(f'"{winograd}"' in k for k in keys) == 2
+    assert sum('"conv2d_NCHWc_gemm.x86"' in k for k in keys) == (2 if cpu else 0)
     assert (" a CPU device, so CPU templates first" if cpu else
             " a GPU device, so GPU templates first") in result.output
     conv, dense = ("conv2d_NCHWc.x86", "dense_pack.x86") if cpu else (
@@ -160,8 +161,9 @@ def test_tune_model_then_compile_uses_this_devices_records(model_file: Path,
          "--verify-top", "0"],  # not about verification: tests/test_verify.py is
         capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "small_resnet.onnx: 5 tasks" in proc.stdout  # 2 convs x (direct, Winograd), dense
-    assert "job 1 done: 10 trials" in proc.stdout  # each task's default and one more
+    # 2 convs x (direct, Winograd, GEMM), dense
+    assert "small_resnet.onnx: 7 tasks" in proc.stdout
+    assert "job 1 done: 14 trials" in proc.stdout  # each task's default and one more
     proc = subprocess.run(
         [str(TUNER), "compile", str(model_file), *common, "--benchmark", "--number", "2",
          "--repeat", "2"], capture_output=True, text=True, timeout=300, env=env)

@@ -172,9 +172,10 @@ def test_compiler_extracts_the_task_beside_the_direct_one_on_a_cpu() -> None:
     graph = conv_graph((16, 3, 1), (16, 1, 1), (32, 1, 2))
     tasks = extract_tasks(graph, CPU)
     assert [t.template for t in tasks] == [CONV_CPU, "conv2d_NCHWc_winograd.x86",
-                                           CONV_CPU, CONV1X1_CPU, CONV_CPU, CONV1X1_CPU]
-    assert tasks[3].workload.args == tasks[2].workload.args  # the same workload
-    assert list(tasks[5].workload.args[2]) == [2, 2]  # the stride-2 one too
+                                           "conv2d_NCHWc_gemm.x86", CONV_CPU, CONV1X1_CPU,
+                                           CONV_CPU, CONV1X1_CPU]
+    assert tasks[4].workload.args == tasks[3].workload.args  # the same workload
+    assert list(tasks[6].workload.args[2]) == [2, 2]  # the stride-2 one too
     # a GPU lists it among the candidates (a build may take its record) but tunes it not
     node = next(n for n in graph.ops() if n.name == "conv1")
     assert CONV1X1_CPU in [w.template for w in candidates(node, GPU)]

@@ -22,6 +22,7 @@ from compiler.tasks import (
     DENSE_CPU,
     DENSE_SMALL,
     DEPTHWISE,
+    GEMM_CPU,
     WINOGRAD,
     WINOGRAD_CPU,
     candidates,
@@ -67,19 +68,20 @@ def conv_node(graph):  # type: ignore[no-untyped-def]
 def test_device_class_orders_the_candidates() -> None:
     graph = small_graph()
     node = conv_node(graph)
-    # a 3x3 stride-1 conv: Winograd after the direct templates
+    # a 3x3 stride-1 conv: Winograd after the direct templates, then the implicit GEMM
     assert [w.template for w in candidates(node, CPU)] == [CONV_CPU, CONV_GPU, WINOGRAD,
-                                                           WINOGRAD_CPU]
+                                                           WINOGRAD_CPU, GEMM_CPU]
     assert [w.template for w in candidates(node, GPU)] == [CONV_GPU, CONV_CPU, WINOGRAD,
-                                                           WINOGRAD_CPU]
+                                                           WINOGRAD_CPU, GEMM_CPU]
     assert [w.template for w in candidates(node, Target.parse(
-        "opencl -model=pocl-cpu -device=gpu"))] == [CONV_GPU, CONV_CPU, WINOGRAD, WINOGRAD_CPU]
-    # tuning covers the preferred template and the device class's Winograd, so a build
-    # can take the faster
+        "opencl -model=pocl-cpu -device=gpu"))] == [CONV_GPU, CONV_CPU, WINOGRAD, WINOGRAD_CPU,
+                                                    GEMM_CPU]
+    # tuning covers the preferred template and the device class's others (on a CPU
+    # Winograd and the GEMM), so a build can take the faster
     assert [t.template for t in extract_tasks(graph, CPU)] == [CONV_CPU, WINOGRAD_CPU,
-                                                               DENSE_CPU]
+                                                               GEMM_CPU, DENSE_CPU]
     assert [t.template for t in extract_tasks(graph, GPU)] == [CONV_GPU, WINOGRAD, DENSE_SMALL]
-    assert len(extract_tasks(graph, CPU, every_candidate=True)) == 6
+    assert len(extract_tasks(graph, CPU, every_candidate=True)) == 7
 
 
 def test_no_records_runs_the_preferred_templates_defaults() -> None:
@@ -124,7 +126,7 @@ def test_other_devices_record_of_another_template_does_not_displace_the_preferre
     preferred template's default is kept. A GPU still takes the first candidate with a
     record (TVM's order)."""
     graph = small_graph()
-    _cpu_wl, gpu_wl, wino_wl, _ = candidates(conv_node(graph), CPU)
+    _cpu_wl, gpu_wl, wino_wl, *_ = candidates(conv_node(graph), CPU)
     source = MemorySource([record(gpu_wl, Target.parse("opencl -model=1080ti"), 1e-4),
                            record(wino_wl, Target.parse("opencl -model=1080ti"), 1e-5)])
     _plan, tasks, choices = select_layers(graph, CPU, source, DeviceLimits())
@@ -148,7 +150,7 @@ def test_other_devices_record_of_another_template_does_not_displace_the_preferre
 
 def test_winograd_or_direct_whichever_measured_faster() -> None:
     graph = small_graph()
-    cpu_wl, gpu_wl, wino_wl, _ = candidates(conv_node(graph), CPU)
+    cpu_wl, gpu_wl, wino_wl, *_ = candidates(conv_node(graph), CPU)
     assert wino_wl.args == gpu_wl.args  # the same AutoTVM workload, another template
     records = [record(cpu_wl, CPU, 2e-3), record(gpu_wl, CPU, 3e-3), record(wino_wl, CPU, 1e-3)]
     _plan, tasks, _ = select_layers(graph, CPU, MemorySource(records), DeviceLimits())
@@ -166,11 +168,11 @@ def test_winograd_only_for_3x3_stride_1_and_depthwise_gets_its_template() -> Non
     depthwise = b.call("nn.conv2d", [x, b.const(RNG.uniform(-1, 1, (16, 1, 3, 3)).astype(
         np.float32))], groups=8, padding=(1, 1, 1, 1))
     graph = b.finish([strided, depthwise])
-    assert [w.template for w in candidates(strided, CPU)] == [CONV_CPU, CONV_GPU]
+    assert [w.template for w in candidates(strided, CPU)] == [CONV_CPU, CONV_GPU, GEMM_CPU]
     (dw,) = candidates(depthwise, CPU)
     # TVM's depthwise weight layout [C, multiplier, kh, kw]: the same memory as ONNX's
     assert dw.template == DEPTHWISE and dw.args_json()[1] == ["TENSOR", [8, 2, 3, 3], "float32"]
-    assert [t.template for t in extract_tasks(graph, CPU)] == [CONV_CPU, DEPTHWISE]
+    assert [t.template for t in extract_tasks(graph, CPU)] == [CONV_CPU, GEMM_CPU, DEPTHWISE]
 
 
 def cpu_graph():  # type: ignore[no-untyped-def]
@@ -197,24 +199,24 @@ def test_cpu_prefers_the_template_with_the_fastest_default() -> None:
              if n.op == "fused.conv2d"}
     assert first == {"stem": CONV_CPU, "wino": WINOGRAD_CPU, "strided": CONV_CPU,
                      "gemm": CONV_CPU, "padded": CONV_CPU}
-    # tuning still covers direct, Winograd and 1x1, the preferred one first
+    # tuning still covers direct, Winograd, 1x1 and GEMM, the preferred one first
     by_name = {n.name: n for n in graph.ops()}
-    assert [w.template for w in tuning_candidates(by_name["wino"], CPU)] == [WINOGRAD_CPU,
-                                                                             CONV_CPU]
+    assert [w.template for w in tuning_candidates(by_name["wino"], CPU)] == [
+        WINOGRAD_CPU, CONV_CPU, GEMM_CPU]
     assert [w.template for w in tuning_candidates(by_name["gemm"], CPU)] == [CONV_CPU,
                                                                              CONV1X1_CPU]
-    assert [w.template for w in tuning_candidates(by_name["stem"], CPU)] == [CONV_CPU,
-                                                                             WINOGRAD_CPU]
+    assert [w.template for w in tuning_candidates(by_name["stem"], CPU)] == [
+        CONV_CPU, WINOGRAD_CPU, GEMM_CPU]
     assert [w.template for w in candidates(by_name["wino"], CPU)] == [
-        WINOGRAD_CPU, CONV_CPU, CONV_GPU, WINOGRAD]
+        WINOGRAD_CPU, CONV_CPU, CONV_GPU, WINOGRAD, GEMM_CPU]
     # a GPU's order is unchanged: its direct template first
     assert [w.template for w in candidates(by_name["wino"], GPU)] == [
-        CONV_GPU, CONV_CPU, WINOGRAD, WINOGRAD_CPU]
+        CONV_GPU, CONV_CPU, WINOGRAD, WINOGRAD_CPU, GEMM_CPU]
     assert [w.template for w in candidates(by_name["gemm"], GPU)] == [
         CONV_GPU, CONV_CPU, CONV1X1_CPU]
     assert [t.template for t in extract_tasks(graph, CPU)] == [
-        CONV_CPU, WINOGRAD_CPU, WINOGRAD_CPU, CONV_CPU, CONV_CPU, CONV_CPU, CONV1X1_CPU,
-        CONV_CPU]
+        CONV_CPU, WINOGRAD_CPU, GEMM_CPU, WINOGRAD_CPU, CONV_CPU, GEMM_CPU, CONV_CPU,
+        GEMM_CPU, CONV_CPU, CONV1X1_CPU, CONV_CPU, GEMM_CPU]
     assert [w.template for w in candidates(by_name["gemm"], CPU)] == [
         CONV_CPU, CONV_GPU, CONV1X1_CPU]
 
@@ -223,18 +225,20 @@ def test_a_16_lane_cpu_prefers_the_1x1_template_on_1x1_layers() -> None:
     """With AVX-512's 16 lanes the 1x1 template's default (4 pixels x 64 channels) ran
     untuned models 1.01-1.05x faster than the direct default on their 1x1 layers (issue
     17): a 16-lane device prefers it on 1x1 layers without padding; 8 lanes, or a device
-    that does not say, keep the direct template; a padded 1x1 has no 1x1 template."""
+    that does not say, keep the direct template; a padded 1x1 has no 1x1 template (8
+    lanes run its 9x9 output on the implicit GEMM: the next test)."""
     by_name = {n.name: n for n in cpu_graph().ops()}
     for lanes, want in ((0, CONV_CPU), (8, CONV_CPU), (16, CONV1X1_CPU)):
         assert candidates(by_name["gemm"], CPU, lanes)[0].template == want, lanes
         assert tuning_candidates(by_name["gemm"], CPU, lanes)[0].template == want, lanes
-        assert candidates(by_name["padded"], CPU, lanes)[0].template == CONV_CPU
+        padded = GEMM_CPU if lanes == 8 else CONV_CPU
+        assert candidates(by_name["padded"], CPU, lanes)[0].template == padded
         assert candidates(by_name["wino"], CPU, lanes)[0].template == WINOGRAD_CPU
     graph = cpu_graph()
-    for lanes, want in ((8, CONV_CPU), (16, CONV1X1_CPU)):
+    for lanes, want, padded in ((8, CONV_CPU, GEMM_CPU), (16, CONV1X1_CPU, CONV_CPU)):
         plan, _tasks, _choices = select_layers(graph, CPU, None, DeviceLimits(simd_lanes=lanes))
         chosen = {n.name: (c.template, c.source) for n, c in plan.items()}
-        assert chosen["gemm"] == (want, DEFAULT) and chosen["padded"] == (CONV_CPU, DEFAULT)
+        assert chosen["gemm"] == (want, DEFAULT) and chosen["padded"] == (padded, DEFAULT)
     # a GPU's order does not follow the lanes
     assert candidates(by_name["gemm"], GPU, 16)[0].template == CONV_GPU
 
@@ -284,9 +288,11 @@ def test_untuned_cpu_build_runs_the_preferred_templates_and_matches_numpy(
     graph = cpu_graph()
     module = build(graph, device=device, optimized=True)
     chosen = {layer: t.template for t in module.tasks for layer in t.layers}
-    gemm = CONV1X1_CPU if module.device.limits.simd_lanes >= 16 else CONV_CPU
-    assert chosen == {"stem": CONV_CPU, "wino": WINOGRAD_CPU, "strided": CONV_CPU,
-                      "gemm": gemm, "padded": CONV_CPU}
+    lanes = module.device.limits.simd_lanes
+    gemm = CONV1X1_CPU if lanes >= 16 else CONV_CPU
+    narrow = GEMM_CPU if 0 < lanes < 16 else CONV_CPU  # 7 and 9 pixels wide
+    assert chosen == {"stem": CONV_CPU, "wino": WINOGRAD_CPU, "strided": narrow,
+                      "gemm": gemm, "padded": narrow}
     assert {c.source for c in module.choices} == {DEFAULT}
     xs = np.random.default_rng(6).uniform(-1, 1, (1, 3, 14, 14)).astype(np.float32)
     want = evaluate(graph, [xs])[0]

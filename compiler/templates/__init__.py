@@ -7,6 +7,7 @@ from compiler.templates import (
     conv2d_nchw_int8,
     conv2d_nchwc,
     conv2d_nchwc_1x1,
+    conv2d_nchwc_gemm,
     conv2d_nchwc_winograd,
     conv2d_winograd,
     dense_large_batch,
@@ -35,6 +36,7 @@ _REGISTRY[conv2d_nchwc.TEMPLATE.name] = conv2d_nchwc.TEMPLATE
 _REGISTRY[conv2d_winograd.TEMPLATE.name] = conv2d_winograd.TEMPLATE
 _REGISTRY[conv2d_nchwc_winograd.TEMPLATE.name] = conv2d_nchwc_winograd.TEMPLATE
 _REGISTRY[conv2d_nchwc_1x1.TEMPLATE.name] = conv2d_nchwc_1x1.TEMPLATE
+_REGISTRY[conv2d_nchwc_gemm.TEMPLATE.name] = conv2d_nchwc_gemm.TEMPLATE
 _REGISTRY[conv2d_nchw_int8.TEMPLATE.name] = conv2d_nchw_int8.TEMPLATE
 _REGISTRY["conv2d_nchw_int8"] = conv2d_nchw_int8.TEMPLATE  # TVM's name without .cuda
 _REGISTRY[depthwise_conv2d.TEMPLATE.name] = depthwise_conv2d.TEMPLATE

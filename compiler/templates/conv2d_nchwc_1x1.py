@@ -180,13 +180,13 @@ class Conv2dNCHWc1x1(Template):
         return self.space(workload).to_config(values)
 
     def _usage(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> Usage:
-        p = _Plan(op, knobs)
+        p = GemmPlan(op, knobs)
         return Usage(threads=p.wg, threads_x=p.wg, local_elements=p.acc,
                      local_detail=((p.tp, "pixels"), (p.oc_bn, "channels")),
-                     rules=_rules(p), grid=p.grid)
+                     rules=gemm_rules(p), grid=p.grid)
 
     def _feature_columns(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> dict[str, Any]:
-        p = _Plan(op, knobs)
+        p = GemmPlan(op, knobs)
         feats: dict[str, Any] = split_features(knobs, "tile_oc")
         vector_fmas = p.tp * p.nvec
         feats.update(
@@ -219,9 +219,9 @@ class Conv2dNCHWc1x1(Template):
 
     def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue,
                  io: IOLayout = IOLayout()) -> Kernel:
-        p = _Plan(op, knobs)
-        buffers, extra = blocked_io_buffers(op, epilogue, io, (p.kb, op.c, p.oc_bn), _rules(p))
-        source = _Source(op, p, epilogue, [b.name for b in extra], io).lines()
+        p = GemmPlan(op, knobs)
+        buffers, extra = blocked_io_buffers(op, epilogue, io, (p.kb, op.c, p.oc_bn), gemm_rules(p))
+        source = GemmSource(op, p, epilogue, [b.name for b in extra], io).lines()
         return Kernel(
             source="\n".join(source) + "\n",
             entry=ENTRY,
@@ -233,7 +233,7 @@ class Conv2dNCHWc1x1(Template):
         )
 
 
-class _Plan:
+class GemmPlan:
     """Block sizes a config implies: ints for one config's knobs (codegen), arrays [n]
     for ``ConfigSpace.columns`` (features, limits)."""
 
@@ -264,7 +264,7 @@ class _Plan:
             else (int(grid[0]), 1, int(grid[2]))
 
 
-def _rules(p: _Plan) -> tuple[Rule, ...]:
+def gemm_rules(p: GemmPlan) -> tuple[Rule, ...]:
     """vec splits oc_bn into vectors, unroll_ci the channels into steps: each must
     divide; a register block of more pixels than the image has is refused."""
     return (
@@ -280,12 +280,13 @@ def _rules(p: _Plan) -> tuple[Rule, ...]:
     )
 
 
-class _Source:
+class GemmSource:
     """The kernel body, written against the prelude's macros; vec = 1 is plain floats."""
 
-    def __init__(self, op: Conv2dOp, p: _Plan, epilogue: Epilogue, extra: list[str],
-                 io: IOLayout) -> None:
+    def __init__(self, op: Conv2dOp, p: GemmPlan, epilogue: Epilogue, extra: list[str],
+                 io: IOLayout, entry: str = ENTRY) -> None:
         self.op, self.p, self.epilogue, self.extra, self.io = op, p, epilogue, extra, io
+        self.entry = entry
         db = io.data_block
         # a step's channels lie in one data block: cap the unroll at what divides it
         self.unroll = math.gcd(p.unroll_ci, db) if db else p.unroll_ci
@@ -304,7 +305,7 @@ class _Source:
 
     def lines(self) -> list[str]:
         op, p = self.op, self.p
-        body = [signature(ENTRY, ["data", "weight", *self.extra], "out") + " {"]
+        body = [signature(self.entry, ["data", "weight", *self.extra], "out") + " {"]
         if p.oc_inner:
             body.append(f"  const int kb = BLOCK_X % {p.kb}, n = BLOCK_Z;")
             body.append(f"  const int pb = (BLOCK_X / {p.kb}) * {p.wg} + THREAD_X;")
@@ -316,21 +317,25 @@ class _Source:
         body += [
             f"  const int p0 = pb * {p.tp};",
             f"  GLOBAL const float* dn = data + n * {op.c * op.h * op.w};",
-            f"  GLOBAL const float* wk = weight + kb * {op.c * p.oc_bn};",
+            f"  GLOBAL const float* wk = weight + kb * {op.c * op.kh * op.kw * p.oc_bn};",
         ]
         body += [f"  {self.vtype()} {name} = {self.vbcast('0.0f')};" for *_, name in self.accs()]
-        tail = p.pixels % p.tp != 0
-        if op.stride == (1, 1) and not tail:
-            body += indent(self.reduction(contiguous=True))
-        elif op.stride == (1, 1):  # full blocks contiguous, the last one per pixel
-            body += [f"  if (p0 + {p.tp} <= {p.pixels}) {{",
-                     *indent(indent(self.reduction(contiguous=True))), "  } else {",
-                     *indent(indent(self.reduction(contiguous=False))), "  }"]
-        else:
-            body += indent(self.reduction(contiguous=False))
+        body += indent(self.reductions())
         body += indent(self.store())
         body.append("}")
         return body
+
+    def reductions(self) -> list[str]:
+        """The whole reduction: stride 1 reads a full block from one pointer (the last,
+        partial block per pixel), a strided layer per pixel."""
+        op, p = self.op, self.p
+        if op.stride != (1, 1):
+            return self.reduction(contiguous=False)
+        if p.pixels % p.tp == 0:
+            return self.reduction(contiguous=True)
+        return [f"if (p0 + {p.tp} <= {p.pixels}) {{",
+                *indent(self.reduction(contiguous=True)), "} else {",
+                *indent(self.reduction(contiguous=False)), "}"]
 
     def input_pixel(self, q: str) -> str:
         """Input pixel (row-major in the image) that output pixel ``q`` reads."""
@@ -344,11 +349,8 @@ class _Source:
         """Every channel into the accumulators. ``contiguous``: the tile's input pixels
         are consecutive (stride 1, a full block): constant offsets from one pointer;
         else one pointer per pixel, the missing pixels of the last block clamped."""
-        op, p, db = self.op, self.p, self.io.data_block
-        hw = op.h * op.w
-        ps = db or 1  # floats between neighbouring pixels of one channel
-        cs = 1 if db else hw  # floats between neighbouring channels of one block
-        block = db or op.c  # channels a run of the step loop walks
+        p = self.p
+        ps = self.io.data_block or 1  # floats between neighbouring pixels of one channel
         lines = []
         if contiguous:
             lines.append(f"GLOBAL const float* x = dn + p0 * {ps};")
@@ -361,6 +363,17 @@ class _Source:
                     q = f"min({q}, {p.pixels - 1})"
                 lines.append(f"GLOBAL const float* x{t} = dn + ({self.input_pixel(q)}) * {ps};")
                 at[t] = (f"x{t}", 0)
+        return lines + self.channel_loop(at, "wk")
+
+    def channel_loop(self, at: dict[int, tuple[str, int]], weights: str,
+                     masks: bool = False, moves: dict[str, str] | None = None) -> list[str]:
+        """Every input channel into the accumulators: pixel t's channel 0 at ``at[t]``
+        (pointer, offset), the oc block's packed weights [C][oc_bn] from ``weights``.
+        ``masks``: pixel t's value where ``v{t}``, else 0 (it reads padding). ``moves``:
+        what each pointer moves on by from one data block to the next (default: a block)."""
+        op, p, db = self.op, self.p, self.io.data_block
+        cs = 1 if db else op.h * op.w  # floats between neighbouring channels of one block
+        block = db or op.c  # channels a run of the step loop walks
         u = self.unroll
         step: list[str] = []
         for s in range(u):
@@ -371,24 +384,23 @@ class _Source:
             for t in range(p.tp):
                 ptr, off = at[t]
                 index = (c if cs == 1 else f"({c}) * {cs}") + (f" + {off}" if off else "")
-                inner.append(f"const {self.vtype()} d{t} = {self.vbcast(f'{ptr}[{index}]')};")
+                value = f"(v{t} ? {ptr}[{index}] : 0.0f)" if masks else f"{ptr}[{index}]"
+                inner.append(f"const {self.vtype()} d{t} = {self.vbcast(value)};")
             inner += [f"{name} = " + (f"d{t} * w{v} + {name};" if p.vec == 1
                                       else f"VFMA(d{t}, w{v}, {name});")
                       for t, v, name in self.accs()]
             step += ["{", *indent(inner), "}"]
         runs = op.c // block
-        ptrs = [f"x{t}" for t in range(p.tp)] if not contiguous else ["x"]
+        ptrs = list(dict.fromkeys(ptr for ptr, _ in at.values()))
         loop = [f"for (int ci = 0; ci < {block}; ci += {u}) {{", *indent(step), "}"]
         if runs == 1:
-            lines += ["GLOBAL const float* wc = wk;", *loop]
-            return lines
+            return [f"GLOBAL const float* wc = {weights};", *loop]
         # blocked data: a run per data block, the pixel pointers moved on by a block
-        lines += [f"for (int cb = 0; cb < {runs}; ++cb) {{",
-                  f"  GLOBAL const float* wc = wk + cb * {block * p.oc_bn};",
-                  *indent(loop),
-                  *[f"  {x} += {hw * db};" for x in ptrs],
-                  "}"]
-        return lines
+        return [f"for (int cb = 0; cb < {runs}; ++cb) {{",
+                f"  GLOBAL const float* wc = {weights} + cb * {block * p.oc_bn};",
+                *indent(loop),
+                *[f"  {x} += {(moves or {}).get(x, op.h * op.w * db)};" for x in ptrs],
+                "}"]
 
     def element(self, block: int, k: str, t: int | str) -> str:
         """Index of output element (n, k, pixel p0 + t) in NCHW (``block`` 0) or
