@@ -10,8 +10,10 @@ Per light model of the onnx package (random weights, up to the logits), in one r
    (AVX2) defaults (the default build before the defaults followed the lanes; the same
    build on an 8-lane device), and the "best-template" build: Winograd's default config
    on every 3x3 stride-1 layer, the 1x1 template's on every 1x1 layer without padding,
-   the direct template elsewhere (each offered as this device's fastest record, so the
-   build takes it); both outputs checked against onnxruntime's;
+   the implicit GEMM's on the other layers whose output is at most ``GEMM_MAX_WIDTH``
+   wide, the direct template elsewhere (each offered as this device's fastest record,
+   so the build takes it; Winograd's before the GEMM's); both outputs checked against
+   onnxruntime's;
 2. onnxruntime and the builds timed in alternating rounds (medians, ms per run);
 3. the best-template build's device time per step (each step's minimum over ``--rounds``
    profiles), summed per conv workload (all layers running it) or per other op kind;
@@ -51,7 +53,14 @@ from compiler.passes import optimize
 from compiler.records import MemorySource
 from compiler.runtime import Device, open_device
 from compiler.runtime.measure import max_abs_error_ok
-from compiler.tasks import CONV1X1_CPU, DENSE_CPU, WINOGRAD_CPU, extract_tasks
+from compiler.tasks import (
+    CONV1X1_CPU,
+    DENSE_CPU,
+    GEMM_CPU,
+    GEMM_MAX_WIDTH,
+    WINOGRAD_CPU,
+    extract_tasks,
+)
 from compiler.templates import Epilogue, get_template
 from compiler.templates.ops import Conv2dOp
 from schemas import MeasureOptions, Workload
@@ -96,7 +105,8 @@ def label_of(workload: Workload) -> str:
     op = get_template(workload.template).parse(workload)
     if not isinstance(op, Conv2dOp):
         return f"{workload.template} {workload.args[0][1]} x {workload.args[1][1]}"
-    short = {WINOGRAD_CPU: "wino", CONV1X1_CPU: "1x1"}.get(workload.template, "direct")
+    short = {WINOGRAD_CPU: "wino", CONV1X1_CPU: "1x1", GEMM_CPU: "gemm"}.get(
+        workload.template, "direct")
     return (f"{short} {op.c}->{op.co} {op.kh}x{op.kw} s{op.stride[0]} "
             f"{op.input_shapes[0][2]}x{op.input_shapes[0][3]}")
 
@@ -107,7 +117,12 @@ def model_main(device: Device, name: str, rounds: int, top: int) -> None:
     ort_run, ort_seconds = onnxruntime_timer(model, x)
     want = ort_run()
     graph = optimize(load_graph(model))
-    records = offered_defaults(extract_tasks(graph, device.target), device, BEST_TEMPLATES)
+    tasks = extract_tasks(graph, device.target)
+    records = offered_defaults(tasks, device, BEST_TEMPLATES)
+    narrow = [t for t in tasks if t.template == GEMM_CPU
+              and get_template(GEMM_CPU).output_shape(t.workload)[3] <= GEMM_MAX_WIDTH]
+    records += [r.model_copy(update={"result": r.result.model_copy(update={"costs": (2e-9,)})})
+                for r in offered_defaults(narrow, device, (GEMM_CPU,))]
     modules = {"8-lane default build": build(graph, device=eight_lanes(device), optimized=True),
                "default build": build(graph, device=device, optimized=True),
                "best-template build": build(graph, device=device, optimized=True,
