@@ -30,7 +30,8 @@ with no layout transform. Fused epilogues (bias, residual add, activations) at t
 Workload: ``conv2d_NCHWc.x86``'s eight args (the same workload, another template: its
 records are keyed apart by template name, TopHub's ``conv2d_NCHWc.x86`` records keep
 their meaning), limited to 1x1 kernels without padding (any stride; dilation has no
-effect on a 1x1 kernel).
+effect on a 1x1 kernel). ``conv2d_NCHWc_gemm.x86`` runs this GEMM (``GemmPlan``,
+``GemmSource``) over a kernel's taps for every other window.
 
 Knobs (index order, first least significant): ``tile_oc`` [K/oc_bn, oc_bn], ``tile_p``
 (pixels per register block, 1-8 and 12, 16; at most the image's pixels), ``vec`` (1, 2,

@@ -70,7 +70,8 @@ class Conv2dNCHWcGemm(Conv2dNCHWc1x1):
             log_taps=log2(taps),
             log_reduction_steps=log2(op.c * taps),
             log_weight_slice_bytes=log2(4 * op.c * taps * GemmPlan(op, knobs).oc_bn),
-            # output pixels with a tap in the padding: their taps run the masked loop
+            # output pixels with a tap in the padding (it reads the zero tail, or plain
+            # data selects 0 there)
             border_pixels=1.0 - _inner_pixels(op) / (op.oh * op.ow),
         )
         return feats
