@@ -1,8 +1,8 @@
-"""ResNet-50's conv layers other than the unpadded 1x1 ones: ``conv2d_NCHWc_gemm.x86``
-(implicit GEMM, flat pixel tiles) against ``conv2d_NCHWc.x86`` (direct), Winograd where
-it applies, and onnxruntime's Conv on the same arrays, each at its default config for this
-device, in the layouts a build gives them, timed in CPU seconds (bench/conv1x1.py says
-why; ``--wall`` for wall clock).
+"""A light model's (ResNet-50's) conv layers other than the unpadded 1x1 ones:
+``conv2d_NCHWc_gemm.x86`` (implicit GEMM, flat pixel tiles) against ``conv2d_NCHWc.x86``
+(direct), Winograd where it applies, and onnxruntime's Conv on the same arrays, each at its
+default config for this device, in the layouts a build gives them, timed in CPU seconds
+(bench/conv1x1.py says why; ``--wall`` for wall clock).
 
 Per layer: every kernel built for a build's layouts (data in NCHW[16]c, plain NCHW where
 16 does not divide the channels: the stem; the output in NCHW[oc_bn]c), its output and
@@ -15,6 +15,7 @@ gemm configs drawn at random (each screened once), to see what the space holds.
 
     .venv/bin/python bench/conv_gemm.py                       # every such ResNet-50 layer
     .venv/bin/python bench/conv_gemm.py --layers 3x3s2 --configs 3 --sample 40
+    .venv/bin/python bench/conv_gemm.py --model densenet121
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def sampled(device: Device, workload: Workload, count: int, keep: int, seed: int
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet50", help="a light model of the onnx package")
     p.add_argument("--layers", default="",
                    help="rows of bench/layers.py --list (indices or label substrings); "
                         "default: every layer but the unpadded 1x1 ones")
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = open_device()
     clock = time.perf_counter if args.wall else cpu_seconds
-    rows = [la for la in select(conv_layers(device.target), args.layers or None)
+    rows = [la for la in select(conv_layers(device.target, args.model), args.layers or None)
             if la.gemm is None]
     print_header("bench/conv_gemm.py", device.info.name,
                  f" | {'wall' if args.wall else 'CPU'} seconds | lanes {device.limits.simd_lanes}")

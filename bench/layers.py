@@ -16,7 +16,8 @@ how many layers run it). Per row, in one run on the same device:
 - onnxruntime's Conv (a one-node ONNX model, CPUExecutionProvider) on the same shape and
   the same input arrays;
 - the speed ratio CPU-tuned / onnxruntime (``✗`` marks 3x3 layers below 0.5x), and the
-  best CPU template's (direct or 1x1: what a build takes) / onnxruntime.
+  best CPU template's of the two timed here (direct or 1x1; a build may also take
+  Winograd or the implicit GEMM: bench/winograd.py, bench/conv_gemm.py) / onnxruntime.
 
 Every kernel time counts only after its output matched numpy (the measurer checks it:
 error_no 0); onnxruntime's output is checked against the same numpy reference. Kernel
@@ -145,7 +146,7 @@ class Row:
 
     @property
     def best_ratio(self) -> float | None:
-        """Speed of the faster CPU template (direct as in ``ratio``, or the 1x1 one) over
+        """Speed of the faster of the direct (as in ``ratio``) and 1x1 templates over
         onnxruntime's."""
         times = [t.seconds for t in (self.cpu_tuned, self.gemm) if t.seconds is not None]
         if not times or self.ort.seconds is None:
@@ -153,10 +154,10 @@ class Row:
         return self.ort.seconds / min(times)
 
 
-def conv_layers(target: Target) -> list[Layer]:
-    """ResNet-50's conv2d layers as the compiler sees them, one per distinct workload in
-    first-use order, each with its CPU- and GPU-template workload."""
-    graph = optimize(load_graph(light_path(MODEL)))
+def conv_layers(target: Target, model: str = MODEL) -> list[Layer]:
+    """A light model's (ResNet-50's) conv2d layers as the compiler sees them, one per
+    distinct workload in first-use order, each with its CPU- and GPU-template workload."""
+    graph = optimize(load_graph(light_path(model)))
     tasks = extract_tasks(graph, target, every_candidate=True)
     # both templates' workloads share the conv arguments: data, weight, strides, pads,
     # dilation

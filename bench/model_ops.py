@@ -11,7 +11,8 @@ Per light model of the onnx package (random weights, up to the logits), in one r
    build on an 8-lane device), and the "best-template" build: Winograd's default config
    on every 3x3 stride-1 layer, the 1x1 template's on every 1x1 layer without padding,
    the implicit GEMM's on the other layers whose output is at most ``GEMM_MAX_WIDTH``
-   wide, the direct template elsewhere (each offered as this device's fastest record,
+   wide from ``GEMM_MIN_CHANNELS`` input channels (the rule an 8-lane device's untuned
+   build follows, here on any device), the direct template elsewhere (each offered as this device's fastest record,
    so the build takes it; Winograd's before the GEMM's); both outputs checked against
    onnxruntime's;
 2. onnxruntime and the builds timed in alternating rounds (medians, ms per run);
@@ -58,6 +59,7 @@ from compiler.tasks import (
     DENSE_CPU,
     GEMM_CPU,
     GEMM_MAX_WIDTH,
+    GEMM_MIN_CHANNELS,
     WINOGRAD_CPU,
     extract_tasks,
 )
@@ -119,8 +121,10 @@ def model_main(device: Device, name: str, rounds: int, top: int) -> None:
     graph = optimize(load_graph(model))
     tasks = extract_tasks(graph, device.target)
     records = offered_defaults(tasks, device, BEST_TEMPLATES)
+    gemm = get_template(GEMM_CPU)
     narrow = [t for t in tasks if t.template == GEMM_CPU
-              and get_template(GEMM_CPU).output_shape(t.workload)[3] <= GEMM_MAX_WIDTH]
+              and gemm.output_shape(t.workload)[3] <= GEMM_MAX_WIDTH
+              and gemm.input_shapes(t.workload)[0][1] >= GEMM_MIN_CHANNELS]
     records += [r.model_copy(update={"result": r.result.model_copy(update={"costs": (2e-9,)})})
                 for r in offered_defaults(narrow, device, (GEMM_CPU,))]
     modules = {"8-lane default build": build(graph, device=eight_lanes(device), optimized=True),

@@ -17,8 +17,11 @@ each run with a fresh database and a fresh kernel cache, and prints per run:
 
 ``--modes ahead`` runs the built-ahead mode alone; to compare two source trees (a change to
 the kernels' source, say) run it once per tree with PYTHONPATH=TREE, alternating.
+``--templates`` tunes the same conv on each template given, alternating (say
+``conv2d_NCHWc.x86,conv2d_NCHWc_gemm.x86``: what its compiles cost a trial).
 
 Usage: python bench/trial_overhead.py [--trials 32] [--rounds 1] [--modes as-it-comes,ahead]
+       [--templates conv2d_NCHWc.x86]
 """
 
 from __future__ import annotations
@@ -40,13 +43,14 @@ ARGS = ('[["TENSOR",[1,64,56,56],"float32"],["TENSOR",[64,64,3,3],"float32"],[1,
 TARGET = "opencl -model=pocl-cpu"
 
 
-def run(prebuild: bool, trials: int, scratch: Path, name: str) -> dict[str, float]:
+def run(prebuild: bool, trials: int, scratch: Path, name: str,
+        template: str = "conv2d_NCHWc.x86") -> dict[str, float]:
     """One ``tuner tune`` in a process of its own; its figures from the records."""
     env = dict(os.environ, TUNER_PREBUILD="1" if prebuild else "0",
                TUNER_KERNEL_CACHE=str(scratch / f"kernels-{name}"))
     url = f"sqlite:///{scratch / f'{name}.db'}"
     command = [str(Path(sys.executable).with_name("tuner")), "tune", "--target", TARGET,
-               "--template", "conv2d_NCHWc.x86", "--args", ARGS, "--trials", str(trials),
+               "--template", template, "--args", ARGS, "--trials", str(trials),
                "--tuner", "random", "--number", "1", "--repeat", "1",
                "--min-repeat-ms", "0", "--database-url", url]
     began = time.perf_counter()
@@ -76,7 +80,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--modes", default="as-it-comes,ahead",
                         help="comma-separated: as-it-comes (TUNER_PREBUILD=0), ahead (=1)")
+    parser.add_argument("--templates", default="conv2d_NCHWc.x86",
+                        help="comma-separated templates tuning the same conv, alternating")
     opts = parser.parse_args()
+    templates = [t.strip() for t in opts.templates.split(",") if t.strip()]
     modes = {m.strip() for m in opts.modes.split(",") if m.strip()}
     if not modes or modes - {"as-it-comes", "ahead"}:
         parser.error(f"--modes {opts.modes!r}: expected as-it-comes and/or ahead")
@@ -87,9 +94,13 @@ def main() -> None:
             for prebuild in order:
                 if ("ahead" if prebuild else "as-it-comes") not in modes:
                     continue
-                name = f"{'ahead' if prebuild else 'as-it-comes'}-{i}"
-                rows.append((name, run(prebuild, opts.trials, Path(tmp), name)))
-                print(f"done: {name}", file=sys.stderr, flush=True)
+                for template in templates if i % 2 == 0 else templates[::-1]:
+                    name = f"{'ahead' if prebuild else 'as-it-comes'}-{i}"
+                    if len(templates) > 1:
+                        name += f" {template}"
+                    rows.append((name, run(prebuild, opts.trials, Path(tmp),
+                                           name.replace(" ", "-"), template)))
+                    print(f"done: {name}", file=sys.stderr, flush=True)
     keys = ["wall", "steady", "all_cost mean", "all_cost median", "own", "overhead"]
     print("| run | batch | records | " + " | ".join(keys) + " |")
     print("|---|---:|---:|" + "---:|" * len(keys))

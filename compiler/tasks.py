@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from compiler.ir import Graph, Node
 from compiler.templates import get_template
-from compiler.templates.base import AVX512_LANES
+from compiler.templates.base import AVX2_LANES, AVX512_LANES
 from schemas import Target, Workload
 from schemas.workload import tensor_arg
 
@@ -47,8 +47,8 @@ WINOGRAD_MIN_CHANNELS = 16
 # Nor does it pay under this many output channels or pixels a side (``_cpu_preferred``)
 WINOGRAD_MIN_OUT_CHANNELS = 64
 WINOGRAD_MIN_SIZE = 14
-# On fewer lanes than AVX-512's the implicit GEMM's default runs layers whose output is
-# at most this wide faster than the direct one (``_cpu_preferred``)
+# On AVX2's 8 lanes the implicit GEMM's default runs layers whose output is at most this
+# wide faster than the direct one (``_cpu_preferred``)
 GEMM_MAX_WIDTH = 14
 # and at least this many input channels: a graph input of a few (the stem's 3) comes in
 # plain NCHW, where the GEMM reads its padding through a select per value (1.5x slower)
@@ -156,13 +156,14 @@ def _cpu_preferred(node: Node, lanes: int) -> str:
     its default ran ResNet-50's 14x14 and 7x7
     outputs in 0.63-0.87x the direct default's time and the wider ones at 0.96-1.04x
     (bench/conv_gemm.py, a Zen 3 AVX2 VM). Not measured on 16 lanes, where the direct
-    block (7 x 16 in one vector) fits the 32 registers: it keeps the direct template."""
+    block (7 x 16 in one vector) fits the 32 registers, nor on 4 (SSE, NEON): they keep
+    the direct template."""
     data, weight = node.inputs[0].ty.shape, node.inputs[1].ty.shape
     if _winograd_fits(node) and winograd_preferred(data[1], weight[0], *data[2:]):
         return WINOGRAD_CPU
     if lanes >= AVX512_LANES and _one_by_one_fits(node):
         return CONV1X1_CPU
-    if (0 < lanes < AVX512_LANES and not _one_by_one_fits(node)
+    if (lanes == AVX2_LANES and not _one_by_one_fits(node)
             and node.ty.shape[3] <= GEMM_MAX_WIDTH and data[1] >= GEMM_MIN_CHANNELS):
         return GEMM_CPU
     return CONV_CPU

@@ -258,8 +258,8 @@ def steps_by_layer(module: Module) -> dict[str, object]:
 def test_plan_blocks_conv_outputs_only_convs_read() -> None:
     """Each block is its conv's default oc_bn for the device's lanes: 12 for 24 channels
     (conv1 and the 1x1 conv3 run the direct template untuned, Winograd being preferred
-    from 64 output channels on; the direct 16-lane default keeps 12: 32 does not divide
-    24)."""
+    from 64 output channels on, conv1 the implicit GEMM on 8 lanes, whose default takes
+    the same block; the direct 16-lane default keeps 12: 32 does not divide 24)."""
     for lanes, want in ((0, {"conv1": 12, "conv3": 12}), (8, {"conv1": 12, "conv3": 12}),
                         (16, {"conv1": 12, "conv3": 12})):
         graph = optimize(branchy_graph())

@@ -180,7 +180,7 @@ def layout_record_list(graph: Graph, device: Device) -> list[Record]:
     plan, _tasks, _choices = select_layers(graph, device.target, None, device.limits)
     records = []
     for i, node in enumerate(n for n in graph.nodes if n in plan):
-        # the direct template's (an untuned CPU build prefers Winograd / 1x1 on some)
+        # the direct template's (an untuned CPU build prefers Winograd / 1x1 / GEMM on some)
         wl = next(w for w in candidates(node, device.target) if w.template == CONV_CPU)
         cin = node.inputs[0].ty.shape[1]
         for block in (8, 16):

@@ -29,6 +29,7 @@ from conftest import (
 PACK = "dense_pack.x86"
 WINOGRAD_CPU = "conv2d_NCHWc_winograd.x86"
 CONV1X1_CPU = "conv2d_NCHWc_1x1.x86"
+GEMM_CPU = "conv2d_NCHWc_gemm.x86"
 
 # ResNet-50 / VGG-16 layers; per template at least two whose args differ in shape (a 1x1
 # and a 3x3 conv, a dense with and without bias, a 3-arg dense log entry).
@@ -66,6 +67,10 @@ WORKLOADS: dict[str, list[Workload]] = {
     CONV1X1_CPU: [
         Workload(template=CONV1X1_CPU, args=nchwc_workload(1, 2048, 7, 512, 1, 1, 0).args),
         Workload(template=CONV1X1_CPU, args=nchwc_workload(1, 256, 56, 512, 1, 2, 0).args),
+    ],
+    GEMM_CPU: [
+        Workload(template=GEMM_CPU, args=nchwc_workload(1, 512, 14, 512, 3, 2, 1).args),
+        Workload(template=GEMM_CPU, args=nchwc_workload(1, 3, 224, 64, 7, 2, 3).args),
     ],
 }
 TEMPLATES = list(WORKLOADS)

@@ -610,8 +610,10 @@ def _launch_bounds(kernel: Kernel) -> str:
 
 
 # float32 lanes of an AVX-512 vector: a device with this many gets the CPU templates'
-# wider default tiles (``Template.default_config``)
+# wider default tiles (``Template.default_config``); of an AVX2 one (16 registers), where
+# an untuned build prefers the implicit GEMM on narrow outputs (``compiler.tasks``)
 AVX512_LANES = 16
+AVX2_LANES = 8
 
 
 def simd_lanes(limits: DeviceLimits | None) -> int:

@@ -6,19 +6,23 @@ Why: the direct ``conv2d_NCHWc.x86`` blocks a row by a ``reg_n`` that must divid
 ResNet-50's 14x14 and 7x7 outputs its register block is 7 or 14 pixels (7 x 16 channels:
 14 AVX2 registers of accumulators, spilling with its weights and broadcast) or 1-2 (too few
 accumulator chains to keep two FMA units busy). Flat pixels take MLAS's 6 x 16 AVX2 tile
-on any image; its strided 3x3 layers ran 1.6x onnxruntime's time on the direct template
-(BENCHMARKS, "An implicit GEMM for the layers the 1x1 and Winograd templates leave").
+on any image; ResNet-50's strided 3x3 layers ran 1.6x onnxruntime's time on the direct
+template, 1.0x on this one (docs/BENCHMARKS.md, "An implicit GEMM for the CPU").
 
 Kernel: the 1x1 template's (``conv2d_nchwc_1x1``: work-items, accumulators, channel
 steps, blocked IO, epilogue and stores are its code), with a loop over the kernel's taps
 around the channel loop: per tap each pixel of the block gets one pointer (its input
-pixel for that tap), so the channel loop has no index math. A tap where every pixel of the
-block reads inside the image runs the plain channel loop; one where some read padding runs
-a copy that selects 0 for the pixels reading padding (their pointer clamped into the
-image), so padding costs only at the border. The taps are a loop, not written out: the
-source is one or two copies of the channel step, whatever the kernel size (short compiles).
+pixel for that tap), so the channel loop has no index math. Padding, where a tap of some
+pixel reads it: with blocked data (NCHW[db]c, what builds and trials feed) that pixel's
+pointer is the zero tail of the packed weight and moves on by 0 from one data block to the
+next (the others by a block), so every tap runs the same loop; selects in the loop instead
+cost 1.4x on ResNet-50's 512 -> 512 stride-2 layer, whose 7x7 output has few pixels off
+the border. With plain NCHW data (channels an image apart: a zero tail would be an image)
+a tap where every pixel reads inside runs the plain loop, others a copy that selects 0
+(the pointer clamped into the image). The taps are a loop, not written out: the source is
+one or two copies of the channel step, whatever the kernel size (short compiles).
 Weight packed once: [K/oc_bn][KH][KW][C][oc_bn] (a tap's channel steps one contiguous
-slice).
+slice), flat, then C zeros.
 
 Workload: ``conv2d_NCHWc.x86``'s eight args, any kernel, stride, padding and dilation
 (records keyed apart by template name). Knobs: the 1x1 template's.
@@ -106,6 +110,8 @@ class _TapSource(GemmSource):
     """The 1x1 kernel with the reduction over taps: per tap, one pointer a pixel."""
 
     def reductions(self) -> list[str]:
+        """The taps' loop around the 1x1 channel loop (the window: no stride-1 contiguous
+        shortcut, a pixel's taps are not its neighbours' pixels)."""
         op, p = self.op, self.p
         db = self.io.data_block
         ps = db or 1  # floats between neighbouring pixels of one channel
