@@ -247,7 +247,7 @@ def winograd_layers(device: Device, name: str) -> list[tuple[Workload, int]]:
     ops = [(t, template.parse(t.workload)) for t in extract_tasks(graph, device.target)
            if t.template == WINOGRAD_CPU]
     return [(t.workload, len(t.layers)) for t, op in ops
-            if winograd_preferred(op.c, op.co, op.h, op.w)]
+            if winograd_preferred(op.c, op.co, op.h, op.w, device.limits.simd_lanes)]
 
 
 LANES = (8, 16)  # the devices whose defaults --lanes compares: AVX2, AVX-512

@@ -45,16 +45,17 @@ from schemas import Workload
 EVICT_MB = 64
 
 
-def given_back(tasks: list[Any]) -> list[Any]:
+def given_back(tasks: list[Any], lanes: int) -> list[Any]:
     """The Winograd tasks the earlier rule (``WINOGRAD_MIN_CHANNELS`` input channels, no
-    other threshold) preferred and this one does not."""
+    other threshold) preferred and this one does not on a device of ``lanes``."""
     template = get_template(WINOGRAD_CPU)
     found = []
     for task in tasks:
         if task.template != WINOGRAD_CPU:
             continue
         op = template.parse(task.workload)
-        if op.c >= WINOGRAD_MIN_CHANNELS and not winograd_preferred(op.c, op.co, op.h, op.w):
+        if op.c >= WINOGRAD_MIN_CHANNELS and not winograd_preferred(op.c, op.co, op.h, op.w,
+                                                                    lanes):
             found.append(task)
     return found
 
@@ -78,7 +79,7 @@ def built(device: Device, workload: Workload) -> tuple[Any, Kernel, list[Any]]:
 
 def layers_main(device: Device, model: str, rounds: int) -> None:
     graph = optimize(load_graph(light_model(model, seed=LIGHT_MODELS.index(model))[0]))
-    tasks = given_back(extract_tasks(graph, device.target))
+    tasks = given_back(extract_tasks(graph, device.target), device.limits.simd_lanes)
     if not tasks:
         print(f"\n{model}: no layer given back to the direct template")
         return
@@ -110,8 +111,8 @@ def model_main(device: Device, model: str, rounds: int) -> None:
     ort_run, ort_seconds = onnxruntime_timer(onnx_model, x)
     want = ort_run()
     graph = optimize(load_graph(onnx_model))
-    earlier = offered_defaults(given_back(extract_tasks(graph, device.target)), device,
-                               [WINOGRAD_CPU])
+    back = given_back(extract_tasks(graph, device.target), device.limits.simd_lanes)
+    earlier = offered_defaults(back, device, [WINOGRAD_CPU])
     modules = {"default build": build(graph, device=device, optimized=True),
                "earlier rule": build(graph, device=device, optimized=True,
                                      records=MemorySource(earlier))}

@@ -44,8 +44,10 @@ LARGE_BATCH = 32
 # Below this many input channels Winograd's transforms cost more than its saved
 # multiplies (the C=3 stem): the direct template stays first there.
 WINOGRAD_MIN_CHANNELS = 16
-# Nor does it pay under this many output channels or pixels a side (``_cpu_preferred``)
+# Nor does it pay under this many output channels or pixels a side (``_cpu_preferred``);
+# on AVX2's 8 lanes from fewer output channels (``winograd_preferred``)
 WINOGRAD_MIN_OUT_CHANNELS = 64
+WINOGRAD_MIN_OUT_CHANNELS_AVX2 = 32
 WINOGRAD_MIN_SIZE = 14
 # On AVX2's 8 lanes the implicit GEMM's default runs layers whose output is at most this
 # wide faster than the direct one (``_cpu_preferred``)
@@ -159,7 +161,7 @@ def _cpu_preferred(node: Node, lanes: int) -> str:
     block (7 x 16 in one vector) fits the 32 registers, nor on 4 (SSE, NEON): they keep
     the direct template."""
     data, weight = node.inputs[0].ty.shape, node.inputs[1].ty.shape
-    if _winograd_fits(node) and winograd_preferred(data[1], weight[0], *data[2:]):
+    if _winograd_fits(node) and winograd_preferred(data[1], weight[0], *data[2:], lanes):
         return WINOGRAD_CPU
     if lanes >= AVX512_LANES and _one_by_one_fits(node):
         return CONV1X1_CPU
@@ -169,10 +171,17 @@ def _cpu_preferred(node: Node, lanes: int) -> str:
     return CONV_CPU
 
 
-def winograd_preferred(channels: int, out_channels: int, height: int, width: int) -> bool:
+def winograd_preferred(channels: int, out_channels: int, height: int, width: int,
+                       lanes: int = 0) -> bool:
     """Whether a CPU build runs a 3x3 stride-1 conv of these input and output channels
-    on an input of ``height`` x ``width`` on Winograd untuned (``_cpu_preferred``)."""
-    return (channels >= WINOGRAD_MIN_CHANNELS and out_channels >= WINOGRAD_MIN_OUT_CHANNELS
+    on an input of ``height`` x ``width`` on Winograd untuned (``_cpu_preferred``), on a
+    device of ``lanes`` SIMD lanes. On 8 (AVX2) from ``WINOGRAD_MIN_OUT_CHANNELS_AVX2``
+    output channels: there the direct template's 128 -> 32 kernels spill (an 8 x 16 block
+    in 16 registers) and untuned DenseNet-121 ran 1.05-1.07x faster with Winograd on its
+    128 -> 32 layers from 28x28 up (a Zen 3 VM, docs/BENCHMARKS.md); the 64 of the other
+    devices was measured on AVX-512."""
+    least = WINOGRAD_MIN_OUT_CHANNELS_AVX2 if lanes == AVX2_LANES else WINOGRAD_MIN_OUT_CHANNELS
+    return (channels >= WINOGRAD_MIN_CHANNELS and out_channels >= least
             and min(height, width) >= WINOGRAD_MIN_SIZE)
 
 

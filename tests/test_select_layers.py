@@ -28,6 +28,7 @@ from compiler.tasks import (
     candidates,
     extract_tasks,
     tuning_candidates,
+    winograd_preferred,
 )
 from compiler.templates import get_template
 from schemas import (
@@ -259,6 +260,14 @@ def test_winograd_untuned_from_16_input_64_output_channels_and_14_pixels_a_side(
     chosen = {n.name: (c.template, c.source) for n, c in plan.items()}
     assert chosen == {"least": (WINOGRAD_CPU, DEFAULT), "c15": (CONV_CPU, DEFAULT),
                       "k63": (CONV_CPU, DEFAULT), "side13": (CONV_CPU, DEFAULT)}
+    # AVX2's 8 lanes take it from 32 output channels (DenseNet-121's 128 -> 32 layers);
+    # the 13-pixel image is the implicit GEMM's there (an output at most 14 wide)
+    plan, _tasks, _choices = select_layers(graph, CPU, None, DeviceLimits(simd_lanes=8))
+    chosen = {n.name: c.template for n, c in plan.items()}
+    assert chosen == {"least": WINOGRAD_CPU, "c15": CONV_CPU, "k63": WINOGRAD_CPU,
+                      "side13": GEMM_CPU}
+    assert winograd_preferred(128, 32, 28, 28, 8) and not winograd_preferred(128, 31, 28, 28, 8)
+    assert not winograd_preferred(128, 32, 28, 28, 16) and winograd_preferred(128, 64, 28, 28, 16)
 
 
 def test_cpu_depthwise_takes_a_foreign_record_of_its_gpu_template() -> None:
