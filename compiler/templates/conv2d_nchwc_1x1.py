@@ -130,6 +130,7 @@ class Conv2dNCHWc1x1(Template):
     thread_word, thread_one, group_word = "work-items", "work-item", "group"
     packs_weight = True
     blocked_io = True
+    entry = ENTRY
 
     def parse(self, workload: Workload) -> Conv2dOp:
         """conv2d_NCHWc.x86's eight args, limited to 1x1 kernels without padding."""
@@ -180,6 +181,14 @@ class Conv2dNCHWc1x1(Template):
         values.update(wide or {})
         return self.space(workload).to_config(values)
 
+    def _weight_shape(self, op: Conv2dOp, p: GemmPlan) -> tuple[int, ...]:
+        """The packed weight buffer's shape (``pack_weight``)."""
+        return (p.kb, op.c, p.oc_bn)
+
+    def _source(self, op: Conv2dOp, p: GemmPlan, epilogue: Epilogue, extra: list[str],
+                io: IOLayout) -> GemmSource:
+        return GemmSource(op, p, epilogue, extra, io, self.entry)
+
     def _usage(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> Usage:
         p = GemmPlan(op, knobs)
         return Usage(threads=p.wg, threads_x=p.wg, local_elements=p.acc,
@@ -221,11 +230,12 @@ class Conv2dNCHWc1x1(Template):
     def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue,
                  io: IOLayout = IOLayout()) -> Kernel:
         p = GemmPlan(op, knobs)
-        buffers, extra = blocked_io_buffers(op, epilogue, io, (p.kb, op.c, p.oc_bn), gemm_rules(p))
-        source = GemmSource(op, p, epilogue, [b.name for b in extra], io).lines()
+        buffers, extra = blocked_io_buffers(op, epilogue, io, self._weight_shape(op, p),
+                                            gemm_rules(p))
+        source = self._source(op, p, epilogue, [b.name for b in extra], io).lines()
         return Kernel(
             source="\n".join(source) + "\n",
-            entry=ENTRY,
+            entry=self.entry,
             grid=p.grid,
             block=(p.wg, 1, 1),
             buffers=buffers,

@@ -34,14 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from compiler.templates.base import Epilogue, IOLayout, Kernel, log2
+from compiler.templates.base import Epilogue, IOLayout, log2
 from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT
-from compiler.templates.conv2d_nchwc import blocked_io_buffers
 from compiler.templates.conv2d_nchwc_1x1 import (
     Conv2dNCHWc1x1,
     GemmPlan,
     GemmSource,
-    gemm_rules,
 )
 from compiler.templates.emit import indent
 from compiler.templates.ops import Conv2dOp
@@ -52,6 +50,7 @@ ENTRY = "conv2d_nchwc_gemm_kernel"
 
 class Conv2dNCHWcGemm(Conv2dNCHWc1x1):
     name = "conv2d_NCHWc_gemm.x86"
+    entry = ENTRY
 
     def parse(self, workload: Workload) -> Conv2dOp:
         """conv2d_NCHWc.x86's eight args, any window."""
@@ -80,21 +79,12 @@ class Conv2dNCHWcGemm(Conv2dNCHWc1x1):
         )
         return feats
 
-    def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue,
-                 io: IOLayout = IOLayout()) -> Kernel:
-        p = GemmPlan(op, knobs)
-        buffers, extra = blocked_io_buffers(
-            op, epilogue, io, (_weight_floats(op) + op.c,), gemm_rules(p))
-        source = _TapSource(op, p, epilogue, [b.name for b in extra], io, ENTRY).lines()
-        return Kernel(
-            source="\n".join(source) + "\n",
-            entry=ENTRY,
-            grid=p.grid,
-            block=(p.wg, 1, 1),
-            buffers=buffers,
-            dialect="",
-            meta={"accumulators": p.acc, "threads": p.wg, "io": io},
-        )
+    def _weight_shape(self, op: Conv2dOp, p: GemmPlan) -> tuple[int, ...]:
+        return (_weight_floats(op) + op.c,)
+
+    def _source(self, op: Conv2dOp, p: GemmPlan, epilogue: Epilogue, extra: list[str],
+                io: IOLayout) -> GemmSource:
+        return _TapSource(op, p, epilogue, extra, io, self.entry)
 
 
 def _inner_pixels(op: Conv2dOp) -> int:
