@@ -176,10 +176,10 @@ def winograd_preferred(channels: int, out_channels: int, height: int, width: int
     """Whether a CPU build runs a 3x3 stride-1 conv of these input and output channels
     on an input of ``height`` x ``width`` on Winograd untuned (``_cpu_preferred``), on a
     device of ``lanes`` SIMD lanes. On 8 (AVX2) from ``WINOGRAD_MIN_OUT_CHANNELS_AVX2``
-    output channels: there the direct template's 128 -> 32 kernels spill (an 8 x 16 block
-    in 16 registers) and untuned DenseNet-121 ran 1.05-1.07x faster with Winograd on its
-    128 -> 32 layers from 28x28 up (a Zen 3 VM, docs/BENCHMARKS.md); the 64 of the other
-    devices was measured on AVX-512."""
+    output channels: on a Zen 3 VM Winograd's default ran DenseNet-121's 128 -> 32 layers
+    in 0.60-0.62x the direct default's time at 28x28 and 14x14, and the untuned model
+    1.05-1.07x faster with Winograd on them from 28x28 up (docs/BENCHMARKS.md); the 64 of
+    the other devices was measured on AVX-512."""
     least = WINOGRAD_MIN_OUT_CHANNELS_AVX2 if lanes == AVX2_LANES else WINOGRAD_MIN_OUT_CHANNELS
     return (channels >= WINOGRAD_MIN_CHANNELS and out_channels >= least
             and min(height, width) >= WINOGRAD_MIN_SIZE)
