@@ -10,11 +10,10 @@ Per light model of the onnx package (random weights, up to the logits), in one r
    (AVX2) defaults (the default build before the defaults followed the lanes; the same
    build on an 8-lane device), and the "best-template" build: Winograd's default config
    on every 3x3 stride-1 layer, the 1x1 template's on every 1x1 layer without padding,
-   the implicit GEMM's on the other layers whose output is at most ``GEMM_MAX_WIDTH``
-   wide from ``GEMM_MIN_CHANNELS`` input channels (the rule an 8-lane device's untuned
-   build follows, here on any device), the direct template elsewhere (each offered as this device's fastest record,
-   so the build takes it; Winograd's before the GEMM's); both outputs checked against
-   onnxruntime's;
+   the implicit GEMM's on the other layers ``gemm_preferred`` names (the rule an 8-lane
+   device's untuned build follows, here on any device), the direct template elsewhere
+   (each offered as this device's fastest record, so the build takes it; Winograd's
+   before the GEMM's); both outputs checked against onnxruntime's;
 2. onnxruntime and the builds timed in alternating rounds (medians, ms per run);
 3. the best-template build's device time per step (each step's minimum over ``--rounds``
    profiles), summed per conv workload (all layers running it) or per other op kind;
@@ -58,10 +57,9 @@ from compiler.tasks import (
     CONV1X1_CPU,
     DENSE_CPU,
     GEMM_CPU,
-    GEMM_MAX_WIDTH,
-    GEMM_MIN_CHANNELS,
     WINOGRAD_CPU,
     extract_tasks,
+    gemm_preferred,
 )
 from compiler.templates import Epilogue, get_template
 from compiler.templates.ops import Conv2dOp
@@ -123,8 +121,8 @@ def model_main(device: Device, name: str, rounds: int, top: int) -> None:
     records = offered_defaults(tasks, device, BEST_TEMPLATES)
     gemm = get_template(GEMM_CPU)
     narrow = [t for t in tasks if t.template == GEMM_CPU
-              and gemm.output_shape(t.workload)[3] <= GEMM_MAX_WIDTH
-              and gemm.input_shapes(t.workload)[0][1] >= GEMM_MIN_CHANNELS]
+              and gemm_preferred(gemm.input_shapes(t.workload)[0][1],
+                                 gemm.output_shape(t.workload)[3])]
     records += [r.model_copy(update={"result": r.result.model_copy(update={"costs": (2e-9,)})})
                 for r in offered_defaults(narrow, device, (GEMM_CPU,))]
     modules = {"8-lane default build": build(graph, device=eight_lanes(device), optimized=True),

@@ -10,11 +10,12 @@ implicit-GEMM form ``conv2d_NCHWc_gemm.x86``. On a CPU the template
 whose default config runs fastest comes first (``_cpu_preferred``): Winograd on 3x3
 stride-1 layers of at least ``WINOGRAD_MIN_CHANNELS`` input channels (issue 17: untuned
 ResNet-50 and DenseNet-121 1.2-1.3x faster), ``WINOGRAD_MIN_OUT_CHANNELS`` output
-channels and ``WINOGRAD_MIN_SIZE`` pixels a side, the 1x1 one on 1x1 layers of a 16-lane
-(AVX-512) device, the implicit GEMM on outputs at most ``GEMM_MAX_WIDTH`` wide of a device
-of fewer lanes, the direct one elsewhere. Tuning takes the preferred one and the
-device class's other templates (on a CPU the direct, Winograd, 1x1 and GEMM ones; on a GPU
-Winograd); a build takes, per layer, the candidate with the fastest record measured on
+channels (``WINOGRAD_MIN_OUT_CHANNELS_AVX2`` on 8 lanes) and ``WINOGRAD_MIN_SIZE``
+pixels a side, the 1x1 one on 1x1 layers of a 16-lane (AVX-512) device, the implicit
+GEMM on outputs at most ``GEMM_MAX_WIDTH`` wide of an 8-lane (AVX2) device
+(``gemm_preferred``), the direct one elsewhere. Tuning takes the preferred one and the
+device class's other templates (on a CPU the direct, Winograd, 1x1 and GEMM ones; on a
+GPU Winograd); a build takes, per layer, the candidate with the fastest record measured on
 this device (TVM's select_implementation), else another device's record (on a CPU only
 the preferred template's), else the preferred one's default.
 Layers with equal workloads (ResNet repeats its blocks) are one task: tuned once, used
@@ -154,21 +155,26 @@ def _cpu_preferred(node: Node, lanes: int) -> str:
     on other layers whose output is at most ``GEMM_MAX_WIDTH`` pixels wide on a device of
     8 lanes (AVX2): the direct template's register block must divide the output width
     (7 or 14 pixels x 16 channels there: more accumulators than AVX2's 16 registers),
-    the GEMM's is any 6 pixels of the image (from ``GEMM_MIN_CHANNELS`` input channels);
-    its default ran ResNet-50's 14x14 and 7x7
-    outputs in 0.63-0.87x the direct default's time and the wider ones at 0.96-1.04x
-    (bench/conv_gemm.py, a Zen 3 AVX2 VM). Not measured on 16 lanes, where the direct
-    block (7 x 16 in one vector) fits the 32 registers, nor on 4 (SSE, NEON): they keep
-    the direct template."""
+    the GEMM's is any 6 pixels of the image (``gemm_preferred``); its default ran
+    ResNet-50's 14x14 and 7x7 outputs in 0.63-0.87x the direct default's time and the
+    wider ones at 0.96-1.04x (bench/conv_gemm.py, a Zen 3 AVX2 VM). Not measured on 16
+    lanes, where the direct block (7 x 16 in one vector) fits the 32 registers, nor on 4
+    (SSE, NEON): they keep the direct template."""
     data, weight = node.inputs[0].ty.shape, node.inputs[1].ty.shape
     if _winograd_fits(node) and winograd_preferred(data[1], weight[0], *data[2:], lanes):
         return WINOGRAD_CPU
     if lanes >= AVX512_LANES and _one_by_one_fits(node):
         return CONV1X1_CPU
     if (lanes == AVX2_LANES and not _one_by_one_fits(node)
-            and node.ty.shape[3] <= GEMM_MAX_WIDTH and data[1] >= GEMM_MIN_CHANNELS):
+            and gemm_preferred(data[1], node.ty.shape[3])):
         return GEMM_CPU
     return CONV_CPU
+
+
+def gemm_preferred(channels: int, out_width: int) -> bool:
+    """Whether an 8-lane CPU build runs a conv (not an unpadded 1x1) of these input
+    channels and output width on the implicit GEMM untuned (``_cpu_preferred``)."""
+    return out_width <= GEMM_MAX_WIDTH and channels >= GEMM_MIN_CHANNELS
 
 
 def winograd_preferred(channels: int, out_channels: int, height: int, width: int,
