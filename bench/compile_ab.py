@@ -14,7 +14,8 @@ runs on the machine; the run-time ratios of single configs move by +-10-20% on a
 2-core VM, so read the geometric means.
 
     git archive COMMIT_BEFORE_THE_CHANGE | tar -x -C /tmp/before
-    .venv/bin/python bench/compile_ab.py --before /tmp/before --configs 11
+    .venv/bin/python bench/compile_ab.py --before /tmp/before --configs 11 \
+        [--templates conv2d_NCHWc.x86]
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ CASES = {
 }
 
 
-def sources(configs: int, seed: int) -> list[dict[str, Any]]:
+def sources(configs: int, seed: int, templates: list[str]) -> list[dict[str, Any]]:
     """Per template: the default and ``configs`` seeded random configs, with this tree's
     kernel source of each (what ``--dump`` prints for the parent)."""
     from compiler.runtime import open_device
@@ -54,7 +55,8 @@ def sources(configs: int, seed: int) -> list[dict[str, Any]]:
 
     device: Any = open_device("opencl:0")
     out = []
-    for name, args in CASES.items():
+    for name in templates:
+        args = CASES[name]
         template = get_template(name)
         workload = Workload(template=name, args=json.loads(args))
         rng = random.Random(seed)
@@ -176,11 +178,16 @@ def main() -> None:
     parser.add_argument("--configs", type=int, default=11, help="random configs per template")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--templates", default=",".join(CASES),
+                        help="comma-separated, of: " + ", ".join(CASES))
     parser.add_argument("--dump", action="store_true",
                         help="print this tree's sources as JSON (what --before runs)")
     opts = parser.parse_args()
+    templates = opts.templates.split(",")
+    if unknown := sorted(set(templates) - set(CASES)):
+        parser.error(f"--templates: {', '.join(unknown)} not among {', '.join(CASES)}")
     if opts.dump:
-        print(json.dumps(sources(opts.configs, opts.seed)))
+        print(json.dumps(sources(opts.configs, opts.seed, templates)))
         return
     if not opts.before:
         parser.error("--before TREE is required")
@@ -191,7 +198,8 @@ def main() -> None:
         env = dict(os.environ, PYTHONPATH=tree)
         # this script, importing the other tree's code (it need not have this script)
         dumped = subprocess.run([sys.executable, os.path.abspath(__file__), "--dump",
-                                 "--configs", str(opts.configs), "--seed", str(opts.seed)],
+                                 "--configs", str(opts.configs), "--seed", str(opts.seed),
+                                 "--templates", opts.templates],
                                 check=False, env=env, capture_output=True, text=True,
                                 cwd=tree)
         if dumped.returncode != 0:
