@@ -1,0 +1,146 @@
+"""A conv layer's time inside the model against its trial's (issue 17): are the records'
+costs what the build's steps take?
+
+For a light model built from a tuning database (``bench/models.py --database-url``), per
+CPU conv task the build runs (its chosen template and config, in the layout a trial
+times it in, ``Template.measure_io``; output checked against numpy first):
+
+- record: the chosen record's cost (the trial's or the verification's mean);
+- model: the task's steps in the whole model, device events, each step's minimum over
+  ``--rounds`` profiles, the mean over the task's layers;
+- warm: the kernel alone, ``--number`` launches back to back on the same operands (as a
+  trial times it: its weight stays in the caches);
+- cold: the same launches, the i-th on copy i % K of its packed weight (K copies of at
+  least ``--cold-mb`` MB in all, at most ``MAX_COPIES``), so each launch reads a weight
+  it has not read lately, as a model's step does: between two runs of a layer the model
+  reads every other layer's weight.
+
+warm and cold alternate, ``--rounds`` times (medians, ms). A kernel that reads
+its weight once per run and is limited by that read runs at the cold figure in the
+model; the warm one is what its record says.
+
+    .venv/bin/python bench/in_model.py --database-url sqlite:////tmp/r50.db --models resnet50
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+from common import checked_kernel, print_header
+
+import tuner
+from compiler.build_module import Module, build
+from compiler.frontend.samples import LIGHT_MODELS, light_path, with_random_weights
+from compiler.runtime import Device, open_device
+from compiler.tasks import Task
+from compiler.templates import Epilogue, IOLayout, get_template
+from schemas import Config
+
+MAX_COPIES = 128
+
+
+def step_minima(module: Module, rounds: int) -> dict[str, float]:
+    """Each step's fastest device time over ``rounds`` profiles of the whole model."""
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for step in module.profile(number=1):
+            best[step.name] = min(best.get(step.name, math.inf), step.seconds)
+    return best
+
+
+def layer_seconds(task: Task, minima: dict[str, float]) -> float | None:
+    """The mean of the task's layers' step minima (a step is named '<kind> <layer>')."""
+    found = [t for name, t in minima.items() for layer in task.layers
+             if name.split(" ")[-1] == layer]
+    return statistics.mean(found) if found else None
+
+
+def kernel_timers(device: Device, task: Task, config: Config, number: int,
+                  cold_mb: float) -> dict[str, Any]:
+    """warm and cold: seconds per launch of ``config``'s kernel, back to back on one
+    weight and on copies of it in turn."""
+    workload = task.workload
+    template = get_template(workload.template)
+    io = template.measure_io(workload, config) or IOLayout()
+    program, kernel, args = checked_kernel(device, workload, config, io)
+    weight = template.pack_weight(workload, config, template.make_inputs(
+        workload, Epilogue(), np.random.default_rng(0))[1])
+    copies = max(2, min(MAX_COPIES, math.ceil(cold_mb * 2**20 / weight.nbytes)))
+    weights = [args[1], *(device.upload(weight) for _ in range(copies - 1))]
+
+    def launches(cycle: int) -> float:
+        """Seconds per launch of ``number`` back to back, the i-th on weight i % cycle."""
+        handles = [device.launch(program, kernel, [args[0], weights[i % cycle], args[2]],
+                                 timed=i in (0, number - 1)) for i in range(number)]
+        return device.elapsed(handles[0], handles[-1]) / number
+
+    return {"warm": lambda: launches(1), "cold": lambda: launches(copies), "copies": copies,
+            "weight_mb": weight.nbytes / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="resnet50")
+    parser.add_argument("--database-url", help="a tuning's database (none: untuned build)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--number", type=int, default=20, help="launches per timing")
+    parser.add_argument("--cold-mb", type=float, default=512.0,
+                        help="MB of weight copies the cold launches cycle through")
+    opts = parser.parse_args()
+    import onnx
+
+    device = open_device("opencl:0")
+    print_header("bench/in_model.py", device.info.name)
+    records = tuner.records.database(opts.database_url) if opts.database_url else None
+    for name in opts.models.split(","):
+        model = with_random_weights(onnx.load(light_path(name)), seed=LIGHT_MODELS.index(name))
+        module = build(model, records=records, device=device)
+        minima = step_minima(module, opts.rounds)
+        rows = []
+        totals: dict[str, float] = defaultdict(float)
+        for task, choice in zip(module.tasks, module.choices):
+            if not get_template(choice.template).blocked_io:
+                continue
+            in_model = layer_seconds(task, minima)
+            if in_model is None:
+                continue
+            timers = kernel_timers(device, task, choice.config, opts.number, opts.cold_mb)
+            times: dict[str, list[float]] = {"warm": [], "cold": []}
+            for r in range(opts.rounds):
+                for kind in (("warm", "cold") if r % 2 == 0 else ("cold", "warm")):
+                    times[kind].append(timers[kind]())
+            warm, cold = (statistics.median(times[k]) for k in ("warm", "cold"))
+            layers = len(task.layers)
+            for key, value in (("model", in_model), ("warm", warm), ("cold", cold),
+                               ("record", choice.cost or math.nan)):
+                totals[key] += value * layers
+            args = task.workload.args
+            label = (f"{choice.template.split('.')[0]} {args[0][1][1]}->{args[1][1][0]} "
+                     f"{args[1][1][2]}x{args[1][1][3]} s{args[2][0]} {args[0][1][2]}x"
+                     f"{args[0][1][3]}")
+            rows.append((in_model / warm, label, layers, timers["weight_mb"], timers["copies"],
+                         choice.cost, in_model, warm, cold))
+        print(f"\n## {name}: {'tuned from ' + opts.database_url if records else 'untuned'}; "
+              f"ms per layer; {opts.rounds} rounds, {opts.number} launches a timing\n")
+        print("| layer | layers | weight MB (copies) | record | model | warm | cold | "
+              "model / warm | model / cold |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for ratio, label, layers, mb, copies, record, in_model, warm, cold in sorted(
+                rows, key=lambda r: -r[0]):
+            rec = f"{record * 1e3:.3f}" if record else "-"
+            print(f"| {label} | {layers} | {mb:.2f} ({copies}) | {rec} | {in_model * 1e3:.3f} | "
+                  f"{warm * 1e3:.3f} | {cold * 1e3:.3f} | {ratio:.2f} | "
+                  f"{in_model / cold:.2f} |")
+        print(f"| all conv layers | | | {totals['record'] * 1e3:.2f} | "
+              f"{totals['model'] * 1e3:.2f} | {totals['warm'] * 1e3:.2f} | "
+              f"{totals['cold'] * 1e3:.2f} | {totals['model'] / totals['warm']:.2f} | "
+              f"{totals['model'] / totals['cold']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
