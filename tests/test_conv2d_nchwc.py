@@ -388,6 +388,38 @@ def test_border_copies_match_numpy(measure_pool: MeasurePool) -> None:
     assert not failed, describe_failures(failed)
 
 
+def test_large_weights_prefetch_the_next_channel_block() -> None:
+    """Where the weight is 1 MB or more, every work-item of a channel block but its first
+    prefetches a slice of the next block's weight, tap by tap: the slices cover the whole
+    next block. Not for a small weight, nor with channel blocks innermost (the next block
+    runs beside this one), nor with one block. (The kernels' outputs are checked against
+    numpy with the other configs of these layers: the default and random ones above.)"""
+    vgg, small = SWEEP["vgg16.conv5.3x3"], SWEEP["resnet50.res2.3x3"]
+    config = nchwc_config(vgg, tile_ic=16, tile_oc=32, tile_ow=7)
+    src = TEMPLATE.codegen(vgg, config).source
+    block = 512 * 9 * 32  # a channel block's weight, floats: C x 3 x 3 x oc_bn
+    share = 14 * 2  # rows x x blocks: work-items of one channel block
+    start = int(re.search(r"wk \+ (\d+) \+ \(pq - 1\) \* (\d+);", src).group(2))
+    slices = int(re.search(r"wf = wn \+ \(int\)\(wp - wk\) / (\d+);", src).group(1))
+    assert (slices, re.search(r"wk \+ (\d+) \+", src).group(1)) == (share - 1, str(block))
+    taps = [(cb * 9 + tap) * 16 * 32 for cb in range(512 // 16) for tap in range(9)]
+    lines = [line.strip() for line in src.splitlines()]
+    first_tap = next(i for i, line in enumerate(lines) if line.startswith("GLOBAL const float* wf"))
+    per_tap = next(k for k, line in enumerate(lines[first_tap + 1:])
+                   if not line.startswith("PREFETCH"))
+    covered = np.zeros(block + 16 * per_tap + start, dtype=bool)
+    for pq in range(1, share):
+        for wp in taps:
+            first = (pq - 1) * start + wp // slices
+            covered[first:first + 16 * per_tap] = True
+    assert covered[:block].all()
+    assert "PREFETCH(wf" not in TEMPLATE.codegen(small, TEMPLATE.default_config(small)).source
+    inner = nchwc_config(vgg, tile_ic=16, tile_oc=32, tile_ow=7, order_oc=1)
+    assert "PREFETCH(wf" not in TEMPLATE.codegen(vgg, inner).source
+    one_block = nchwc_config(vgg, tile_ic=16, tile_oc=512, tile_ow=7, vec=16)
+    assert "PREFETCH(wf" not in TEMPLATE.codegen(vgg, one_block).source
+
+
 def test_default_configs_match_numpy(measure_pool: MeasurePool) -> None:
     results = measure_pool.map([MeasureRequest(NAME, wl, TEMPLATE.default_config(wl), OPTIONS)
                                 for wl in SWEEP.values()])

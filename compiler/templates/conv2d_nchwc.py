@@ -463,6 +463,14 @@ def _unroll_rule(p: _Plan) -> Rule:
                 values={"unroll_ci": p.unroll_ci, "ic_bn": p.ic_bn})
 
 
+# floats in a cache line: one PREFETCH a line
+PREFETCH_LINE = 16
+# the smallest weight (bytes) whose next block is prefetched: ResNet-50's layers of 1 MB
+# and more ran 1.1-1.4x their warm time in the model, the smaller ones within 0.95-1.08x,
+# where a prefetch is only work (docs/BENCHMARKS.md, bench/in_model.py)
+PREFETCH_MIN_WEIGHT = 1 << 20
+
+
 def _offset(base: str, rows: int, step: int) -> str:
     """``base + rows + j * step`` in C, without the zero and unit terms."""
     terms = [t for t in (base, str(rows) if rows else "") if t]
@@ -502,6 +510,24 @@ class _Source:
         return [(i, j, v, f"acc_{i}_{j}_{v}") for i in range(p.oh_f) for j in range(p.reg_n)
                 for v in range(p.nvec)]
 
+    def prefetch_slices(self) -> int:
+        """How many work-items share out the prefetch of the next channel block's weight:
+        all of a block's work-items but its first (with channel blocks outermost, the
+        default, they run one after another), each a slice, tap by tap, while it computes
+        from its own block's weight, which its first work-item brought into the caches.
+        In a model a layer's weight comes from memory (between two runs of a layer every
+        other layer's weight is read), and the first work-item of each block, waiting on
+        that read alone, took ResNet-50's 512-channel 3x3 layers from ~0.8 ms with the
+        weight in the caches to ~1.15 with it cold; prefetched so, ~0.9 (docs/BENCHMARKS.md).
+        0: no prefetch (a weight under ``PREFETCH_MIN_WEIGHT`` bytes, one work-item a
+        block, channel blocks innermost, one block)."""
+        p, op = self.p, self.op
+        share = p.ohb * p.owb
+        weight = 4 * op.co * op.c * op.kh * op.kw
+        if weight < PREFETCH_MIN_WEIGHT or share < 2 or p.oc_inner or p.kb < 2:
+            return 0
+        return int(share - 1)
+
     def lines(self) -> list[str]:
         op, p = self.op, self.p
         sh, sw = op.stride
@@ -525,10 +551,17 @@ class _Source:
             if i and p.row_tail:  # the last block's missing rows recompute the last row
                 row = f"(oh0 + {i} < {op.oh} ? oh0 + {i} : {op.oh - 1})"
             body.append(f"  const int y{i} = ({row}) * {sh} - {pt};")
+        block = p.cb * op.kh * op.kw * p.ic_bn * p.oc_bn
         body += [
             f"  GLOBAL const float* dn = data + n * {op.c * op.h * op.w};",
-            f"  GLOBAL const float* wk = weight + kb * {p.cb * op.kh * op.kw * p.ic_bn * p.oc_bn};",
+            f"  GLOBAL const float* wk = weight + kb * {block};",
         ]
+        slices = self.prefetch_slices()
+        if slices:
+            # pq: the work-item's place among its block's; wn: the start of its slice
+            body += [f"  const int pq = BLOCK_Y * {p.owb} + owb;",
+                     (f"  GLOBAL const float* wn = pq == 0 || kb + 1 == {p.kb} ? wk : "
+                      f"wk + {block} + (pq - 1) * {-(-block // slices)};")]
         for _, _, _, name in self.acc_names():
             body.append(f"  {self.vtype()} {name} = {self.vbcast('0.0f')};")
         # x blocks whose input window leaves the image get a copy of the reduction with
@@ -561,6 +594,7 @@ class _Source:
         dh, dw = op.dilation
         hw = op.h * op.w
         wstep = p.ic_bn * p.oc_bn
+        slices = self.prefetch_slices()
         # NCHW[db]c data: a pixel is db floats apart, a channel 1 (within its block)
         db = self.io.data_block
         ps = db or 1
@@ -599,6 +633,10 @@ class _Source:
 
         def kw_step(s: int | str) -> list[str]:
             out = [f"GLOBAL const float* wp = wc + (r * {op.kw} + {s}) * {wstep};"]
+            if slices:  # this tap's share of the slice: its part of the block / slices
+                out.append(f"GLOBAL const float* wf = wn + (int)(wp - wk) / {slices};")
+                out += [f"PREFETCH(wf + {PREFETCH_LINE * k});"
+                        for k in range(-(-wstep // (slices * PREFETCH_LINE)))]
             cols: dict[int, str] = {}
             if x0 is None:
                 xs = f"x0 + {s} * {dw}" if s != 0 else "x0"
