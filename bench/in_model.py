@@ -10,10 +10,14 @@ times it in, ``Template.measure_io``; output checked against numpy first):
   ``--rounds`` profiles, the mean over the task's layers;
 - warm: the kernel alone, ``--number`` launches back to back on the same operands (as a
   trial times it: its weight stays in the caches);
-- cold: the same launches, the i-th on copy i % K of its packed weight (K copies of at
-  least ``--cold-mb`` MB in all, at most ``MAX_COPIES``), so each launch reads a weight
-  it has not read lately, as a model's step does: between two runs of a layer the model
-  reads every other layer's weight.
+- cold: the same launches, each on the next of K copies of its packed weight, round
+  all K from timing to timing (K copies of at least ``--cold-mb`` MB in all, at most
+  ``MAX_COPIES``), so a launch reads a weight it has not read lately, as a model's step
+  does: between two runs of a layer the model reads every other layer's weight. (Small
+  weights: K x the weight may still fit the last-level cache.)
+
+The kernels alone run without the fused epilogue (bias, residual, ReLU) the model's
+steps carry: a few percent of a step, on its output.
 
 warm and cold alternate, ``--rounds`` times (medians, ms). A kernel that reads
 its weight once per run and is limited by that read runs at the cold figure in the
@@ -71,16 +75,21 @@ def kernel_timers(device: Device, task: Task, config: Config, number: int,
     weight = template.pack_weight(workload, config, template.make_inputs(
         workload, Epilogue(), np.random.default_rng(0))[1])
     copies = max(2, min(MAX_COPIES, math.ceil(cold_mb * 2**20 / weight.nbytes)))
-    weights = [args[1], *(device.upload(weight) for _ in range(copies - 1))]
+    cold_weights = [device.upload(weight) for _ in range(copies)]
+    turn = [0]  # the next copy: the cold launches go round all of them, timing to timing
 
-    def launches(cycle: int) -> float:
-        """Seconds per launch of ``number`` back to back, the i-th on weight i % cycle."""
-        handles = [device.launch(program, kernel, [args[0], weights[i % cycle], args[2]],
-                                 timed=i in (0, number - 1)) for i in range(number)]
+    def launches(weights: list[Any]) -> float:
+        """Seconds per launch of ``number`` back to back, each on the next of ``weights``."""
+        handles = []
+        for i in range(number):
+            w = weights[turn[0] % len(weights)]
+            turn[0] += len(weights) > 1
+            handles.append(device.launch(program, kernel, [args[0], w, args[2]],
+                                         timed=i in (0, number - 1)))
         return device.elapsed(handles[0], handles[-1]) / number
 
-    return {"warm": lambda: launches(1), "cold": lambda: launches(copies), "copies": copies,
-            "weight_mb": weight.nbytes / 2**20}
+    return {"warm": lambda: launches([args[1]]), "cold": lambda: launches(cold_weights),
+            "copies": copies, "weight_mb": weight.nbytes / 2**20}
 
 
 def main() -> None:

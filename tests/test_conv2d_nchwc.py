@@ -390,28 +390,36 @@ def test_border_copies_match_numpy(measure_pool: MeasurePool) -> None:
 
 def test_large_weights_prefetch_the_next_channel_block() -> None:
     """Where the weight is 1 MB or more, every work-item of a channel block but its first
-    prefetches a slice of the next block's weight, tap by tap: the slices cover the whole
-    next block. Not for a small weight, nor with channel blocks innermost (the next block
-    runs beside this one), nor with one block. (The kernels' outputs are checked against
-    numpy with the other configs of these layers: the default and random ones above.)"""
+    prefetches a slice of the next block's weight, a row of taps at a time and before the
+    row's bounds check (rows outside the image prefetch too): the slices cover the whole
+    next block and stay inside it. Not for a small weight, nor with channel blocks
+    innermost (the next block runs beside this one), nor with one block. (The kernels'
+    outputs are checked against numpy with the other configs of these layers.)"""
     vgg, small = SWEEP["vgg16.conv5.3x3"], SWEEP["resnet50.res2.3x3"]
-    config = nchwc_config(vgg, tile_ic=16, tile_oc=32, tile_ow=7)
-    src = TEMPLATE.codegen(vgg, config).source
+    src = TEMPLATE.codegen(vgg, nchwc_config(vgg, tile_ic=16, tile_oc=32, tile_ow=7)).source
     block = 512 * 9 * 32  # a channel block's weight, floats: C x 3 x 3 x oc_bn
-    share = 14 * 2  # rows x x blocks: work-items of one channel block
-    start = int(re.search(r"wk \+ (\d+) \+ \(pq - 1\) \* (\d+);", src).group(2))
-    slices = int(re.search(r"wf = wn \+ \(int\)\(wp - wk\) / (\d+);", src).group(1))
-    assert (slices, re.search(r"wk \+ (\d+) \+", src).group(1)) == (share - 1, str(block))
-    taps = [(cb * 9 + tap) * 16 * 32 for cb in range(512 // 16) for tap in range(9)]
+    share = 14 * 2  # rows x x blocks: the work-items of one channel block
+    found = re.search(r"wk \+ (\d+) \+ \(int\)\(\(long\)\(pq - 1\) \* (\d+) / (\d+)\);", src)
+    assert found and [int(g) for g in found.groups()] == [block, block, share - 1]
+    slices = share - 1
+    row = re.search(r"wf = wn \+ \(int\)\(wc - wk \+ r \* (\d+)\) / (\d+);", src)
+    assert row and int(row.group(2)) == slices
     lines = [line.strip() for line in src.splitlines()]
-    first_tap = next(i for i, line in enumerate(lines) if line.startswith("GLOBAL const float* wf"))
-    per_tap = next(k for k, line in enumerate(lines[first_tap + 1:])
-                   if not line.startswith("PREFETCH"))
-    covered = np.zeros(block + 16 * per_tap + start, dtype=bool)
+    first = next(i for i, line in enumerate(lines) if line.startswith("GLOBAL const float* wf"))
+    assert first < next(i for i, line in enumerate(lines) if line.endswith("continue;"))
+    offsets = [int(re.fullmatch(r"PREFETCH\(wf \+ (\d+)\);", line).group(1))  # type: ignore
+               for line in lines[first + 1:] if line.startswith("PREFETCH")][:32]
+    offsets = offsets[:next((k for k in range(1, len(offsets)) if offsets[k] == 0),
+                            len(offsets))]
+    covered = np.zeros(2 * block, dtype=bool)
     for pq in range(1, share):
-        for wp in taps:
-            first = (pq - 1) * start + wp // slices
-            covered[first:first + 16 * per_tap] = True
+        for cb in range(512 // 16):
+            for r in range(3):
+                at = (pq - 1) * block // slices + (cb * 9 * 16 * 32 + r * int(row.group(1))) \
+                    // slices
+                for offset in offsets:
+                    covered[at + offset:at + offset + 16] = True
+                assert at + offsets[-1] < block
     assert covered[:block].all()
     assert "PREFETCH(wf" not in TEMPLATE.codegen(small, TEMPLATE.default_config(small)).source
     inner = nchwc_config(vgg, tile_ic=16, tile_oc=32, tile_ow=7, order_oc=1)

@@ -24,7 +24,10 @@ code generation) each get their own copy of the reduction with x0 written in, kw
 and the taps that read padding left out, so no load is checked or masked; the other
 blocks share one copy without checks. Rows outside the image are skipped per kh step
 (masked to zero when a work-item holds tile_oh = 2 rows). Fused epilogues apply at the
-store. Local size (wg, 1, 1) along the x blocks. The same body compiles as CUDA C through
+store. Local size (wg, 1, 1) along the x blocks. Where the weight is 1 MB or more (a model
+reads it from memory, not from the caches a trial leaves it in), the work-items of an
+output-channel block but its first prefetch the next block's weight, a slice each
+(``_Source.prefetch_slices``). The same body compiles as CUDA C through
 the prelude's vector macros.
 
 Knobs, as AutoTVM defines them (index order, first least significant), so a TopHub llvm
@@ -466,8 +469,9 @@ def _unroll_rule(p: _Plan) -> Rule:
 # floats in a cache line: one PREFETCH a line
 PREFETCH_LINE = 16
 # the smallest weight (bytes) whose next block is prefetched: ResNet-50's layers of 1 MB
-# and more ran 1.1-1.4x their warm time in the model, the smaller ones within 0.95-1.08x,
-# where a prefetch is only work (docs/BENCHMARKS.md, bench/in_model.py)
+# and more ran 1.1-1.4x their warm time in the model, about what their weight's read
+# from memory adds; below, the read is small against the work and a prefetch mostly work
+# (docs/BENCHMARKS.md, bench/in_model.py)
 PREFETCH_MIN_WEIGHT = 1 << 20
 
 
@@ -513,8 +517,10 @@ class _Source:
     def prefetch_slices(self) -> int:
         """How many work-items share out the prefetch of the next channel block's weight:
         all of a block's work-items but its first (with channel blocks outermost, the
-        default, they run one after another), each a slice, tap by tap, while it computes
-        from its own block's weight, which its first work-item brought into the caches.
+        default, they run one after another), each a slice, row of taps by row, while it
+        computes from its own block's weight, which its first work-item brought into the
+        caches (the first work-item, and every one of the last block, prefetch the start
+        of their own block instead: one code path, lines already cached).
         In a model a layer's weight comes from memory (between two runs of a layer every
         other layer's weight is read), and the first work-item of each block, waiting on
         that read alone, took ResNet-50's 512-channel 3x3 layers from ~0.8 ms with the
@@ -558,10 +564,11 @@ class _Source:
         ]
         slices = self.prefetch_slices()
         if slices:
-            # pq: the work-item's place among its block's; wn: the start of its slice
+            # pq: the work-item's place among its block's; wn: the start of its slice, at
+            # (pq - 1) / slices of the next block (a long: block x slices may pass 2^31)
             body += [f"  const int pq = BLOCK_Y * {p.owb} + owb;",
                      (f"  GLOBAL const float* wn = pq == 0 || kb + 1 == {p.kb} ? wk : "
-                      f"wk + {block} + (pq - 1) * {-(-block // slices)};")]
+                      f"wk + {block} + (int)((long)(pq - 1) * {block} / {slices});")]
         for _, _, _, name in self.acc_names():
             body.append(f"  {self.vtype()} {name} = {self.vbcast('0.0f')};")
         # x blocks whose input window leaves the image get a copy of the reduction with
@@ -633,10 +640,6 @@ class _Source:
 
         def kw_step(s: int | str) -> list[str]:
             out = [f"GLOBAL const float* wp = wc + (r * {op.kw} + {s}) * {wstep};"]
-            if slices:  # this tap's share of the slice: its part of the block / slices
-                out.append(f"GLOBAL const float* wf = wn + (int)(wp - wk) / {slices};")
-                out += [f"PREFETCH(wf + {PREFETCH_LINE * k});"
-                        for k in range(-(-wstep // (slices * PREFETCH_LINE)))]
             cols: dict[int, str] = {}
             if x0 is None:
                 xs = f"x0 + {s} * {dw}" if s != 0 else "x0"
@@ -690,7 +693,17 @@ class _Source:
                     kw_lines += ["{", *indent(step), "}"]
         else:
             kw_lines = [f"for (int s = 0; s < {op.kw}; ++s) {{", *indent(kw_step("s")), "}"]
-        r_loop = [f"for (int r = 0; r < {op.kh}; ++r) {{", *indent(rows + kw_lines), "}"]
+        # a row's share of the slice, before the row's checks (rows outside the image too):
+        # the next block's floats at this row's offset in its own block, over slices
+        prefetch: list[str] = []
+        if slices:
+            row_step = op.kw * wstep
+            prefetch = [(f"GLOBAL const float* wf = wn + (int)(wc - wk + r * {row_step}) "
+                         f"/ {slices};")]
+            prefetch += [f"PREFETCH(wf + {PREFETCH_LINE * k});"
+                         for k in range(-(-row_step // (slices * PREFETCH_LINE)))]
+        r_loop = [f"for (int r = 0; r < {op.kh}; ++r) {{", *indent(prefetch + rows + kw_lines),
+                  "}"]
         return [
             f"for (int cb = 0; cb < {p.cb}; ++cb) {{",
             f"  GLOBAL const float* dc = {dc};",

@@ -45,8 +45,9 @@ typedef float tuner_float4u __attribute__((ext_vector_type(4), aligned(4)));
 typedef float tuner_float8u __attribute__((ext_vector_type(8), aligned(4)));
 typedef float tuner_float16u __attribute__((ext_vector_type(16), aligned(4)));
 #define VLOAD(n, i, p) (*(const GLOBAL tuner_float##n##u*)((p) + (i) * (n)))
-// PREFETCH(p): a hint to bring p's cache line in (x86 prefetcht0 under PoCL; OpenCL's own
-// prefetch() is a no-op in PoCL 3.1); nothing elsewhere
+// PREFETCH(p): a hint to bring p's cache line in (under clang: x86 prefetcht0 in PoCL,
+// likely nothing on a ROCm GPU; OpenCL's own prefetch() is a no-op in PoCL 3.1); nothing
+// in other OpenCL compilers nor in CUDA
 #define PREFETCH(p) __builtin_prefetch(p)
 #define VSTORE(n, x, i, p) (*(GLOBAL tuner_float##n##u*)((p) + (i) * (n)) = (x))
 #else
