@@ -46,6 +46,17 @@ def settle() -> None:
     time.sleep(SPIN_SETTLE_S)
 
 
+def step_minima(modules: dict[str, Any], rounds: int) -> dict[str, list[float]]:
+    """Per build (a ``Module``), each step's minimum device seconds over ``rounds``
+    profiles, the builds profiled in turn: in ``program.steps`` order."""
+    best: dict[str, list[float]] = {label: [] for label in modules}
+    for _ in range(rounds):
+        for label, module in modules.items():
+            seconds = [step.seconds for step in module.profile(number=1)]
+            best[label] = [min(a, b) for a, b in zip(best[label], seconds)] or seconds
+    return best
+
+
 def onnxruntime_conv(op: Conv2dOp, weight: np.ndarray, threads: int,
                      spin: bool = True) -> Callable[[np.ndarray], Any]:
     """onnxruntime's Conv of ``op`` (weight a constant, CPUExecutionProvider, ``threads``

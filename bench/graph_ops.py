@@ -27,11 +27,12 @@ from typing import Any
 
 import numpy as np
 import onnx
+from common import step_minima
+from models import onnxruntime_timer
 
 from compiler.build_module import Module, build
 from compiler.frontend.samples import LIGHT_MODELS, light_path, with_random_weights
 from compiler.runtime import open_device
-from models import onnxruntime_timer
 
 # build options of each variant
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -44,11 +45,7 @@ TEMPLATE_OPS = ("nn.conv2d", "fused.conv2d", "nn.dense", "fused.dense")
 def breakdown(modules: dict[str, Module], rounds: int) -> dict[str, dict[str, tuple[int, float]]]:
     """Per build, the steps and device seconds of each op: each step's minimum over
     ``rounds`` profiles, the builds profiled in turn."""
-    best: dict[str, list[float]] = {label: [] for label in modules}
-    for _ in range(rounds):
-        for label, module in modules.items():
-            seconds = [step.seconds for step in module.profile(number=1)]
-            best[label] = [min(a, b) for a, b in zip(best[label], seconds)] or seconds
+    best = step_minima(modules, rounds)
     out: dict[str, dict[str, tuple[int, float]]] = {}
     for label, module in modules.items():
         kinds: dict[str, list[float]] = defaultdict(list)

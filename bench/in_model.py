@@ -35,10 +35,10 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
-from common import checked_kernel, print_header
+from common import checked_kernel, print_header, step_minima
 
 import tuner
-from compiler.build_module import Module, build
+from compiler.build_module import build
 from compiler.frontend.samples import LIGHT_MODELS, light_path, with_random_weights
 from compiler.runtime import Device, open_device
 from compiler.tasks import Task
@@ -46,15 +46,6 @@ from compiler.templates import Epilogue, IOLayout, get_template
 from schemas import Config
 
 MAX_COPIES = 128
-
-
-def step_minima(module: Module, rounds: int) -> dict[str, float]:
-    """Each step's fastest device time over ``rounds`` profiles of the whole model."""
-    best: dict[str, float] = {}
-    for _ in range(rounds):
-        for step in module.profile(number=1):
-            best[step.name] = min(best.get(step.name, math.inf), step.seconds)
-    return best
 
 
 def layer_seconds(task: Task, minima: dict[str, float]) -> float | None:
@@ -109,7 +100,8 @@ def main() -> None:
     for name in opts.models.split(","):
         model = with_random_weights(onnx.load(light_path(name)), seed=LIGHT_MODELS.index(name))
         module = build(model, records=records, device=device)
-        minima = step_minima(module, opts.rounds)
+        minima = dict(zip((step.name for step in module.program.steps),
+                          step_minima({name: module}, opts.rounds)[name]))
         rows = []
         totals: dict[str, float] = defaultdict(float)
         for task, choice in zip(module.tasks, module.choices):

@@ -43,11 +43,12 @@ from common import (
     offered_defaults,
     onnxruntime_conv,
     print_header,
+    step_minima,
 )
 from models import onnxruntime_timer
 from winograd import light_model
 
-from compiler.build_module import Module, build, load_graph
+from compiler.build_module import build, load_graph
 from compiler.frontend.samples import LIGHT_MODELS
 from compiler.passes import optimize
 from compiler.records import MemorySource
@@ -76,16 +77,6 @@ def eight_lanes(device: Device) -> Device:
     view.info = dataclasses.replace(device.info, limits=device.limits.model_copy(
         update={"simd_lanes": 8}))
     return view
-
-
-def step_minima(modules: dict[str, Module], rounds: int) -> dict[str, list[float]]:
-    """Per build, each step's minimum device seconds over ``rounds`` profiles in turn."""
-    best: dict[str, list[float]] = {label: [] for label in modules}
-    for _ in range(rounds):
-        for label, module in modules.items():
-            seconds = [s.seconds for s in module.profile(number=1)]
-            best[label] = [min(a, b) for a, b in zip(best[label], seconds)] or seconds
-    return best
 
 
 def ort_conv_seconds(workload: Workload) -> float:
