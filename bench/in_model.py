@@ -23,15 +23,24 @@ warm and cold alternate, ``--rounds`` times (medians, ms). A kernel that reads
 its weight once per run and is limited by that read runs at the cold figure in the
 model; the warm one is what its record says.
 
+``--ab-prefetch``: the same build twice, with the kernels' prefetch of the next channel
+block's weight (``compiler.templates.prefetch``) and without it (``prefetch.wanted``
+patched to False while the second builds), profiled in turn; per task whose kernel
+prefetches, its steps in both models and its kernel alone cold and warm in both forms
+(alternating), and the sums of every step.
+
     .venv/bin/python bench/in_model.py --database-url sqlite:////tmp/r50.db --models resnet50
+    .venv/bin/python bench/in_model.py --database-url sqlite:////tmp/r50.db --ab-prefetch
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -42,7 +51,7 @@ from compiler.build_module import build
 from compiler.frontend.samples import LIGHT_MODELS, light_path, with_random_weights
 from compiler.runtime import Device, open_device
 from compiler.tasks import Task
-from compiler.templates import Epilogue, IOLayout, get_template
+from compiler.templates import Epilogue, IOLayout, get_template, prefetch
 from schemas import Config
 
 MAX_COPIES = 128
@@ -83,6 +92,68 @@ def kernel_timers(device: Device, task: Task, config: Config, number: int,
             "copies": copies, "weight_mb": weight.nbytes / 2**20}
 
 
+@contextlib.contextmanager
+def prefetch_off() -> Iterator[None]:
+    """Kernels generated meanwhile do not prefetch (the A/B's other side)."""
+    saved = prefetch.wanted
+    prefetch.wanted = lambda *args: False
+    try:
+        yield
+    finally:
+        prefetch.wanted = saved
+
+
+def label_of(task: Task, template: str) -> str:
+    args = task.workload.args
+    return (f"{template.split('.')[0]} {args[0][1][1]}->{args[1][1][0]} "
+            f"{args[1][1][2]}x{args[1][1][3]} s{args[2][0]} {args[0][1][2]}x{args[0][1][3]}")
+
+
+def prefetch_ab(device: Device, name: str, model: Any, records: Any,
+                opts: argparse.Namespace) -> None:
+    """The build with and without the prefetch, side by side (``--ab-prefetch``)."""
+    on = build(model, records=records, device=device)
+    with prefetch_off():
+        off = build(model, records=records, device=device)
+    minima = step_minima({"on": on, "off": off}, opts.rounds)
+    steps = {label: dict(zip((step.name for step in on.program.steps), minima[label]))
+             for label in minima}
+    print(f"\n## {name}: prefetch on / off; ms per layer; {opts.rounds} rounds, "
+          f"{opts.number} launches a timing\n")
+    print("| layer | layers | weight MB | model on | off | off / on | cold on | off | "
+          "off / on | warm on | off | off / on |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for task, choice in zip(on.tasks, on.choices):
+        template = get_template(choice.template)
+        if not template.blocked_io:
+            continue
+        io = template.measure_io(task.workload, choice.config) or IOLayout()
+        source = template.codegen(task.workload, choice.config, device.dialect, Epilogue(), io)
+        if "PREFETCH(wf" not in source.source:
+            continue
+        model_on, model_off = (layer_seconds(task, steps[k]) for k in ("on", "off"))
+        timers = {"on": kernel_timers(device, task, choice.config, opts.number, opts.cold_mb)}
+        with prefetch_off():
+            timers["off"] = kernel_timers(device, task, choice.config, opts.number,
+                                          opts.cold_mb)
+        times: dict[str, list[float]] = defaultdict(list)
+        for r in range(opts.rounds):
+            for side in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                for kind in ("cold", "warm"):
+                    times[f"{kind} {side}"].append(timers[side][kind]())
+        med = {key: statistics.median(values) for key, values in times.items()}
+        cells = [f"{label_of(task, choice.template)}", str(len(task.layers)),
+                 f"{timers['on']['weight_mb']:.2f}"]
+        for a, b in ((model_on, model_off), (med["cold on"], med["cold off"]),
+                     (med["warm on"], med["warm off"])):
+            cells += [f"{a * 1e3:.3f}" if a else "-", f"{b * 1e3:.3f}" if b else "-",
+                      f"{b / a:.2f}" if a and b else "-"]
+        print("| " + " | ".join(cells) + " |")
+    total_on, total_off = sum(minima["on"]), sum(minima["off"])
+    print(f"| all steps | | | {total_on * 1e3:.2f} | {total_off * 1e3:.2f} | "
+          f"{total_off / total_on:.3f} | | | | | | |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="resnet50")
@@ -91,6 +162,8 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=20, help="launches per timing")
     parser.add_argument("--cold-mb", type=float, default=512.0,
                         help="MB of weight copies the cold launches cycle through")
+    parser.add_argument("--ab-prefetch", action="store_true",
+                        help="the build with and without the next block's prefetch")
     opts = parser.parse_args()
     import onnx
 
@@ -99,6 +172,9 @@ def main() -> None:
     records = tuner.records.database(opts.database_url) if opts.database_url else None
     for name in opts.models.split(","):
         model = with_random_weights(onnx.load(light_path(name)), seed=LIGHT_MODELS.index(name))
+        if opts.ab_prefetch:
+            prefetch_ab(device, name, model, records, opts)
+            continue
         module = build(model, records=records, device=device)
         minima = dict(zip((step.name for step in module.program.steps),
                           step_minima({name: module}, opts.rounds)[name]))
@@ -120,10 +196,7 @@ def main() -> None:
             for key, value in (("model", in_model), ("warm", warm), ("cold", cold),
                                ("record", choice.cost or math.nan)):
                 totals[key] += value * layers
-            args = task.workload.args
-            label = (f"{choice.template.split('.')[0]} {args[0][1][1]}->{args[1][1][0]} "
-                     f"{args[1][1][2]}x{args[1][1][3]} s{args[2][0]} {args[0][1][2]}x"
-                     f"{args[0][1][3]}")
+            label = label_of(task, choice.template)
             rows.append((in_model / warm, label, layers, timers["weight_mb"], timers["copies"],
                          choice.cost, in_model, warm, cold))
         print(f"\n## {name}: {'tuned from ' + opts.database_url if records else 'untuned'}; "

@@ -33,6 +33,7 @@ from compiler.templates import (
     Template,
     WorkloadError,
     get_template,
+    prefetch,
 )
 from compiler.templates.base import blocked_shape, from_blocked, to_blocked
 from schemas import Config, DeviceLimits, MeasureResult, Record, Workload
@@ -184,6 +185,44 @@ def run_blocked(device: Device, template: Template, wl: Workload, cfg: Config,
     device.write(out, np.full(out_shape, np.nan, dtype=np.float32))
     device.run(program, kernel, [*buffers, out])
     return from_blocked(device.download(out, out_shape), io.out_block), want
+
+
+def next_block_prefetch(source: str, walks: Iterable[int], floats: int = 0
+                        ) -> tuple[int, np.ndarray]:
+    """The next channel block's floats that a kernel's prefetch (``compiler.templates.
+    prefetch``) brings in, parsed from its source: work-items 1.. of a block, a slice
+    each (or, with no slices, one work-item the whole of the next one's ``floats``:
+    ``wn = ... ? ub : ub + distance``), prefetch at each of ``walks`` (where the kernel
+    is in its own weight, floats from its start) the lines of the first chunk's
+    PREFETCHes. (the distance to the next block, which of its floats are covered);
+    asserts that every prefetch lands inside it."""
+    found = re.search(r"wk \+ (\d+) \+ \(int\)\(\(long\)\(\w+ - 1\) \* (\d+) / (\d+)\);",
+                      source)
+    lines = [line.strip() for line in source.splitlines()]
+    first = next(i for i, line in enumerate(lines) if line.startswith("GLOBAL const float* wf"))
+    count = int(re.fullmatch(r".* / (\d+);", lines[first]).group(1))  # type: ignore[union-attr]
+    if found:
+        distance, block, slices = (int(g) for g in found.groups())
+        assert distance == block and slices == count
+        starts = [(place - 1) * block // count for place in range(1, count + 1)]
+    else:
+        whole = re.search(r"wn = .* \? (\w+) : \1 \+ (\d+);", source)
+        assert whole and floats, "no slice start"
+        distance, block, starts = int(whole.group(2)), floats, [0]
+    offsets = []
+    for line in lines[first + 1:]:
+        match = re.fullmatch(r"PREFETCH\(wf \+ (\d+)\);", line)
+        if match is None:
+            break
+        offsets.append(int(match.group(1)))
+    covered = np.zeros(block, dtype=bool)
+    for start in starts:
+        for walk in walks:
+            at = start + walk // count
+            for offset in offsets:
+                assert at + offset < block, (start, walk, offset)
+                covered[at + offset:at + offset + prefetch.LINE] = True
+    return distance, covered
 
 
 def nchwc_workload(n: int, c: int, hw: int, co: int, k: int, stride: int, pad: int) -> Workload:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import run_blocked
+from conftest import next_block_prefetch, run_blocked
 
 from compiler.build_module import build, select_layers
 from compiler.ir import GraphBuilder, evaluate
@@ -185,6 +185,42 @@ def test_compiler_extracts_the_task_beside_the_direct_one_on_a_cpu() -> None:
     assert [t.template for t in chosen] == [CONV_CPU, CONV_CPU, CONV_CPU]
 
 
+# ResNet-50's res5 expand 1x1 (4 MB of weight) at the 16-lane default (oc_bn 64, 4 pixels
+# a block: 13 pixel blocks, 12 slices), in the layouts that give each prefetch form: a
+# data block's run in chunks of 16 channels, the whole plain run in chunks, runs of 16
+# channels each one chunk
+PREFETCH_WL = workload(1, 512, 7, 7, 2048)
+PREFETCH_LAYOUTS = (IOLayout(64, 64), IOLayout(), IOLayout(16, 64))
+
+
+def test_large_weights_prefetch_the_next_channel_block() -> None:
+    """Where the weight is 1 MB or more, every pixel block of an oc block but the first
+    prefetches a slice of the next oc block's weight, a chunk of channels at a time of at
+    least CHUNK_LINES lines (within a data block's run; the whole run where no smaller
+    chunk has that many): the slices cover the whole next block and stay inside it. Not
+    for a small weight, with oc blocks innermost, nor with one oc block. (Kernels that
+    prefetch are checked against numpy in the ResNet-50 layers' test below.)"""
+    wl = PREFETCH_WL
+    cfg = TEMPLATE.default_config(wl, DeviceLimits(simd_lanes=16))
+    assert TEMPLATE.decode(wl, cfg)["tile_p"] == 4  # 13 pixel blocks: 12 slices
+    block = 512 * 64  # C x oc_bn floats
+    # chunks of 16 channels: 16 x 64 / 12 floats, 5.3 lines; a run of 16 is one chunk
+    walks = ([cb * 64 * 64 + c * 64 for cb in range(8) for c in range(0, 64, 16)],
+             [c * 64 for c in range(0, 512, 16)], [cb * 16 * 64 for cb in range(32)])
+    for io, walk, chunked in zip(PREFETCH_LAYOUTS, walks, (True, True, False)):
+        src = TEMPLATE.codegen(wl, cfg, "opencl", Epilogue(), io).source
+        assert ("cq += 16" in src) == chunked, io
+        found, covered = next_block_prefetch(src, walk)
+        assert found == block and covered.all(), io
+        assert src.count("PREFETCH(wf") == 2 * 6  # a full pixel block's copy, the tail's
+    assert "PREFETCH(wf" not in TEMPLATE.codegen(workload(1, 64, 56, 56, 256),
+                                                 TEMPLATE.default_config(wl)).source
+    inner = config(wl, order_oc=1)
+    assert "PREFETCH(wf" not in TEMPLATE.codegen(wl, inner).source
+    one = workload(1, 4096, 7, 7, 64)  # 1 MB, one block of 64
+    assert "PREFETCH(wf" not in TEMPLATE.codegen(one, config(one, oc_bn=64)).source
+
+
 # ---- on the OpenCL device ----
 
 # (workload, knobs, epilogue, layout): stride 1, 2 and (2, 1); odd, non-square images;
@@ -253,6 +289,14 @@ def resnet_requests() -> list[MeasureRequest]:
         wl = workload(1, c, h, h, k, stride=s)
         out.append(MeasureRequest(CONV1X1_CPU, wl, TEMPLATE.default_config(wl), CHECK))
     return out
+
+
+@pytest.mark.parametrize("io", PREFETCH_LAYOUTS)
+def test_prefetching_kernels_match_numpy(device: Device, io: IOLayout) -> None:
+    cfg = TEMPLATE.default_config(PREFETCH_WL, DeviceLimits(simd_lanes=16))
+    got, want = run_blocked(device, TEMPLATE, PREFETCH_WL, cfg, FULL, io)
+    ok, why = max_abs_error_ok(got, want, CHECK)
+    assert ok, f"{io}: {why}"
 
 
 def test_resnet50_1x1_layers_at_the_default_config_match_numpy(device: Device) -> None:

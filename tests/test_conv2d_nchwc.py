@@ -31,6 +31,7 @@ from conftest import (
     nchwc_config,
     nchwc_workload,
     needs_nvcc,
+    next_block_prefetch,
     nvcc_ptx,
 )
 
@@ -399,28 +400,15 @@ def test_large_weights_prefetch_the_next_channel_block() -> None:
     src = TEMPLATE.codegen(vgg, nchwc_config(vgg, tile_ic=16, tile_oc=32, tile_ow=7)).source
     block = 512 * 9 * 32  # a channel block's weight, floats: C x 3 x 3 x oc_bn
     share = 14 * 2  # rows x x blocks: the work-items of one channel block
-    found = re.search(r"wk \+ (\d+) \+ \(int\)\(\(long\)\(pq - 1\) \* (\d+) / (\d+)\);", src)
-    assert found and [int(g) for g in found.groups()] == [block, block, share - 1]
-    slices = share - 1
+    assert "(long)(pq - 1)" in src  # a work-item's place: its row and x block
     row = re.search(r"wf = wn \+ \(int\)\(wc - wk \+ r \* (\d+)\) / (\d+);", src)
-    assert row and int(row.group(2)) == slices
+    assert row and [int(g) for g in row.groups()] == [3 * 16 * 32, share - 1]
     lines = [line.strip() for line in src.splitlines()]
     first = next(i for i, line in enumerate(lines) if line.startswith("GLOBAL const float* wf"))
     assert first < next(i for i, line in enumerate(lines) if line.endswith("continue;"))
-    offsets = [int(re.fullmatch(r"PREFETCH\(wf \+ (\d+)\);", line).group(1))  # type: ignore
-               for line in lines[first + 1:] if line.startswith("PREFETCH")][:32]
-    offsets = offsets[:next((k for k in range(1, len(offsets)) if offsets[k] == 0),
-                            len(offsets))]
-    covered = np.zeros(2 * block, dtype=bool)
-    for pq in range(1, share):
-        for cb in range(512 // 16):
-            for r in range(3):
-                at = (pq - 1) * block // slices + (cb * 9 * 16 * 32 + r * int(row.group(1))) \
-                    // slices
-                for offset in offsets:
-                    covered[at + offset:at + offset + 16] = True
-                assert at + offsets[-1] < block
-    assert covered[:block].all()
+    walks = [cb * 9 * 16 * 32 + r * 3 * 16 * 32 for cb in range(512 // 16) for r in range(3)]
+    found, covered = next_block_prefetch(src, walks)
+    assert found == block and covered.all()
     assert "PREFETCH(wf" not in TEMPLATE.codegen(small, TEMPLATE.default_config(small)).source
     inner = nchwc_config(vgg, tile_ic=16, tile_oc=32, tile_ow=7, order_oc=1)
     assert "PREFETCH(wf" not in TEMPLATE.codegen(vgg, inner).source

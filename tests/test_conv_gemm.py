@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import run_blocked
+from conftest import next_block_prefetch, run_blocked
 
 from compiler.build_module import build, select_layers
 from compiler.ir import GraphBuilder, evaluate
@@ -170,6 +170,23 @@ def test_eight_lanes_prefer_it_on_narrow_outputs_of_enough_channels() -> None:
     assert chosen["s2_14"] == (GEMM_CPU, DEFAULT) and chosen["wide"] == (CONV_CPU, DEFAULT)
 
 
+PREFETCH_WL = workload(1, 512, 7, 7, 512, kernel=3, pad=1)  # 9 MB of weight
+
+
+def test_large_weights_prefetch_the_next_channel_block_tap_by_tap() -> None:
+    """As the 1x1 template (its channel loop, one per tap): the next oc block's weight,
+    every tap's rows, covered by the slices of a block's pixel blocks but the first
+    (numpy checks the kernel in ``test_prefetching_kernel_matches_numpy``)."""
+    wl = PREFETCH_WL
+    cfg = TEMPLATE.default_config(wl, DeviceLimits(simd_lanes=16))
+    assert TEMPLATE.decode(wl, cfg)["tile_oc"][1] == 64
+    walks = [t * 512 * 64 + cb * 64 * 64 + c * 64 for t in range(9) for cb in range(8)
+             for c in range(0, 64, 16)]
+    src = TEMPLATE.codegen(wl, cfg, "opencl", Epilogue(), IOLayout(64, 64)).source
+    found, covered = next_block_prefetch(src, walks)
+    assert found == 9 * 512 * 64 and covered.all()
+
+
 # ---- on the OpenCL device ----
 
 # (workload, knobs, epilogue, layout): 3x3 padded (stride 1, 2), unpadded, 7x7 stride 2 on
@@ -218,6 +235,13 @@ def test_cases_cover_padding_paths_vectors_and_layouts() -> None:
     assert {k["vec"] for k in knobs} == {1, 2, 4, 8, 16}
     ops = [TEMPLATE.parse(wl) for _, wl, _ in seen]
     assert {op.dilation for op in ops} == {(1, 1), (2, 2)} and any(op.n == 2 for op in ops)
+
+
+def test_prefetching_kernel_matches_numpy(device: Device) -> None:
+    cfg = TEMPLATE.default_config(PREFETCH_WL, DeviceLimits(simd_lanes=16))
+    got, want = run_blocked(device, TEMPLATE, PREFETCH_WL, cfg, FULL, IOLayout(64, 64, 64))
+    ok, why = max_abs_error_ok(got, want, CHECK)
+    assert ok, why
 
 
 def test_resnet50_layers_it_is_preferred_on_pass_the_measurer(device: Device) -> None:

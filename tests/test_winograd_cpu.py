@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import needs_nvcc, nvcc_ptx, run_blocked
+from conftest import needs_nvcc, next_block_prefetch, nvcc_ptx, run_blocked
 
 from compiler.build_module import build, select_layers
 from compiler.ir import GraphBuilder, evaluate
@@ -175,6 +175,30 @@ def test_compiler_extracts_the_task_beside_the_direct_one() -> None:
     assert [t.template for t in chosen] == [CONV_CPU, CONV_CPU]
 
 
+PREFETCH_WL = workload(1, 256, 14, 14, 256)  # U 4 MB at F(2x2), the 16-lane default
+
+
+def test_large_transformed_weights_prefetch_the_next_groups_slice() -> None:
+    """Where U is 1 MB or more, a GEMM work-item prefetches the U slice of the next
+    group's work-item (the next oc block, same point), a share each pass over its tiles
+    and chunk of channels: the whole slice, inside it. Not for a small U nor one oc
+    block. (numpy checks the kernel in ``test_prefetching_kernel_matches_numpy`` and the
+    8-lane defaults of the ResNet-50 layers' test, whose U is 2.4-38 MB.)"""
+    wl = PREFETCH_WL
+    cfg = TEMPLATE.default_config(wl, DeviceLimits(simd_lanes=16))
+    knobs = TEMPLATE.decode(wl, cfg)
+    assert (knobs["tile_size"], knobs["tile_oc"][1], knobs["tile_p"]) == (2, 64, 4)
+    passes = -(-49 // 4)  # 7 x 7 tiles of 2 x 2, 4 a register block
+    src = TEMPLATE.codegen(wl, cfg, "opencl", Epilogue(), IOLayout(64, 64)).source
+    walks = [q * 256 * 64 + c * 64 for q in range(passes) for c in range(0, 256, 16)]
+    distance, covered = next_block_prefetch(src, walks, floats=256 * 64)
+    assert distance == 16 * 256 * 64 and covered.all()  # alpha^2 slices a block
+    assert "cq += 16" in src and f") / {passes};" in src
+    small = workload(1, 64, 56, 56, 64)
+    assert "PREFETCH(wf" not in TEMPLATE.codegen(small, TEMPLATE.default_config(small)).source
+    assert "PREFETCH(wf" not in TEMPLATE.codegen(wl, config(wl, oc_bn=256, vec=16)).source
+
+
 # ---- on the OpenCL device ----
 
 # (workload, knobs, epilogue, layout): both tile sizes; padding 1 and 0; odd and
@@ -242,6 +266,13 @@ def test_resnet50_3x3_layers_at_f4x4_are_within_the_measurers_tolerance(
     for req in resnet_requests():
         res = measure(device, req)
         assert res.ok, f"{req.workload.args[0]}: {res.error_no.name} {res.error_msg}"
+
+
+def test_prefetching_kernel_matches_numpy(device: Device) -> None:
+    cfg = TEMPLATE.default_config(PREFETCH_WL, DeviceLimits(simd_lanes=16))
+    got, want = run_blocked(device, TEMPLATE, PREFETCH_WL, cfg, FULL, IOLayout(64, 64, 64))
+    ok, why = max_abs_error_ok(got, want, CHECK)
+    assert ok, why
 
 
 def test_measurer_refuses_impossible_configs_with_error_1(device: Device) -> None:
@@ -314,7 +345,8 @@ def test_build_takes_winograd_where_it_measured_faster_and_chains_blocked_layout
 def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
     entries = ("wino_cpu_input_transform", "wino_cpu_batched_gemm", "wino_cpu_output_transform")
     sources = []
-    for wl, knobs, epilogue, io in CASES:
+    prefetching = (PREFETCH_WL, {}, FULL, IOLayout(16, 16, 16))  # the 8-lane default
+    for wl, knobs, epilogue, io in [*CASES, prefetching]:
         src = TEMPLATE.codegen(wl, config(wl, **knobs), "cuda", epilogue, io).source
         for entry in entries:
             src = src.replace(entry, f"{entry}_{len(sources)}")

@@ -27,7 +27,7 @@ blocks share one copy without checks. Rows outside the image are skipped per kh 
 store. Local size (wg, 1, 1) along the x blocks. Where the weight is 1 MB or more (a model
 reads it from memory, not from the caches a trial leaves it in), the work-items of an
 output-channel block but its first prefetch the next block's weight, a slice each
-(``_Source.prefetch_slices``). The same body compiles as CUDA C through
+(``compiler.templates.prefetch``). The same body compiles as CUDA C through
 the prelude's vector macros.
 
 Knobs, as AutoTVM defines them (index order, first least significant), so a TopHub llvm
@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.templates import prefetch
 from compiler.templates.base import (
     AVX512_LANES,
     Buffer,
@@ -466,15 +467,6 @@ def _unroll_rule(p: _Plan) -> Rule:
                 values={"unroll_ci": p.unroll_ci, "ic_bn": p.ic_bn})
 
 
-# floats in a cache line: one PREFETCH a line
-PREFETCH_LINE = 16
-# the smallest weight (bytes) whose next block is prefetched: ResNet-50's layers of 1 MB
-# and more ran 1.1-1.4x their warm time in the model, about what their weight's read
-# from memory adds; below, the read is small against the work and a prefetch mostly work
-# (docs/BENCHMARKS.md, bench/in_model.py)
-PREFETCH_MIN_WEIGHT = 1 << 20
-
-
 def _offset(base: str, rows: int, step: int) -> str:
     """``base + rows + j * step`` in C, without the zero and unit terms."""
     terms = [t for t in (base, str(rows) if rows else "") if t]
@@ -515,24 +507,13 @@ class _Source:
                 for v in range(p.nvec)]
 
     def prefetch_slices(self) -> int:
-        """How many work-items share out the prefetch of the next channel block's weight:
-        all of a block's work-items but its first (with channel blocks outermost, the
-        default, they run one after another), each a slice, row of taps by row, while it
-        computes from its own block's weight, which its first work-item brought into the
-        caches (the first work-item, and every one of the last block, prefetch the start
-        of their own block instead: one code path, lines already cached).
-        In a model a layer's weight comes from memory (between two runs of a layer every
-        other layer's weight is read), and the first work-item of each block, waiting on
-        that read alone, took ResNet-50's 512-channel 3x3 layers from ~0.8 ms with the
-        weight in the caches to ~1.15 with it cold; prefetched so, ~0.9 (docs/BENCHMARKS.md).
-        0: no prefetch (a weight under ``PREFETCH_MIN_WEIGHT`` bytes, one work-item a
-        block, channel blocks innermost, one block)."""
+        """How many work-items of a channel block share out the prefetch of the next
+        block's weight (``prefetch.slices``): each prefetches its slice row of taps by
+        row. Prefetched so, ResNet-50's 512-channel 3x3 layers took ~0.9 ms in the model
+        against ~1.15 with their weight read cold (docs/BENCHMARKS.md)."""
         p, op = self.p, self.op
-        share = p.ohb * p.owb
-        weight = 4 * op.co * op.c * op.kh * op.kw
-        if weight < PREFETCH_MIN_WEIGHT or share < 2 or p.oc_inner or p.kb < 2:
-            return 0
-        return int(share - 1)
+        return prefetch.slices(4 * op.co * op.c * op.kh * op.kw, p.ohb * p.owb, p.kb,
+                               p.oc_inner)
 
     def lines(self) -> list[str]:
         op, p = self.op, self.p
@@ -564,11 +545,9 @@ class _Source:
         ]
         slices = self.prefetch_slices()
         if slices:
-            # pq: the work-item's place among its block's; wn: the start of its slice, at
-            # (pq - 1) / slices of the next block (a long: block x slices may pass 2^31)
+            # pq: the work-item's place among its block's
             body += [f"  const int pq = BLOCK_Y * {p.owb} + owb;",
-                     (f"  GLOBAL const float* wn = pq == 0 || kb + 1 == {p.kb} ? wk : "
-                      f"wk + {block} + (int)((long)(pq - 1) * {block} / {slices});")]
+                     *indent(prefetch.slice_start("pq", p.kb, block, slices))]
         for _, _, _, name in self.acc_names():
             body.append(f"  {self.vtype()} {name} = {self.vbcast('0.0f')};")
         # x blocks whose input window leaves the image get a copy of the reduction with
@@ -695,14 +674,9 @@ class _Source:
             kw_lines = [f"for (int s = 0; s < {op.kw}; ++s) {{", *indent(kw_step("s")), "}"]
         # a row's share of the slice, before the row's checks (rows outside the image too):
         # the next block's floats at this row's offset in its own block, over slices
-        prefetch: list[str] = []
-        if slices:
-            row_step = op.kw * wstep
-            prefetch = [(f"GLOBAL const float* wf = wn + (int)(wc - wk + r * {row_step}) "
-                         f"/ {slices};")]
-            prefetch += [f"PREFETCH(wf + {PREFETCH_LINE * k});"
-                         for k in range(-(-row_step // (slices * PREFETCH_LINE)))]
-        r_loop = [f"for (int r = 0; r < {op.kh}; ++r) {{", *indent(prefetch + rows + kw_lines),
+        row_step = op.kw * wstep
+        ahead = prefetch.chunk(f"wc - wk + r * {row_step}", row_step, slices) if slices else []
+        r_loop = [f"for (int r = 0; r < {op.kh}; ++r) {{", *indent(ahead + rows + kw_lines),
                   "}"]
         return [
             f"for (int cb = 0; cb < {p.cb}; ++cb) {{",

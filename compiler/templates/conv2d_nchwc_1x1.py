@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.templates import prefetch
 from compiler.templates.base import (
     AVX512_LANES,
     Epilogue,
@@ -330,11 +331,22 @@ class GemmSource:
             f"  GLOBAL const float* dn = data + n * {op.c * op.h * op.w};",
             f"  GLOBAL const float* wk = weight + kb * {op.c * op.kh * op.kw * p.oc_bn};",
         ]
+        slices = self.prefetch_slices()
+        if slices:  # a work-item's place among its block's is its pixel block
+            body += indent(prefetch.slice_start("pb", p.kb, op.c * op.kh * op.kw * p.oc_bn,
+                                                slices))
         body += [f"  {self.vtype()} {name} = {self.vbcast('0.0f')};" for *_, name in self.accs()]
         body += indent(self.reductions())
         body += indent(self.store())
         body.append("}")
         return body
+
+    def prefetch_slices(self) -> int:
+        """How many work-items of a channel block (its pixel blocks, one after another
+        with oc blocks outermost) share out the prefetch of the next block's weight
+        (``prefetch.slices``), a chunk of channels at a time (``prefetch.chunk_channels``)."""
+        op, p = self.op, self.p
+        return prefetch.slices(4 * op.co * op.c * op.kh * op.kw, p.pblocks, p.kb, p.oc_inner)
 
     def reductions(self) -> list[str]:
         """The whole reduction: stride 1 reads a full block from one pointer (the last,
@@ -403,7 +415,11 @@ class GemmSource:
             step += ["{", *indent(inner), "}"]
         runs = op.c // block
         ptrs = list(dict.fromkeys(ptr for ptr, _ in at.values()))
-        loop = [f"for (int ci = 0; ci < {block}; ci += {u}) {{", *indent(step), "}"]
+        slices = self.prefetch_slices()
+        if slices:
+            loop = prefetch.paced_loop("ci", block, u, step, "wc - wk", p.oc_bn, slices)
+        else:
+            loop = [f"for (int ci = 0; ci < {block}; ci += {u}) {{", *indent(step), "}"]
         if runs == 1:
             return [f"GLOBAL const float* wc = {weights};", *loop]
         # blocked data: a run per data block, the pixel pointers moved on by a block

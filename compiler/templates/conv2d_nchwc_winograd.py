@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.templates import prefetch
 from compiler.templates.base import (
     AVX512_LANES,
     Buffer,
@@ -409,6 +410,14 @@ class _Source:
         lines.append("}")
         return lines
 
+    def prefetches(self) -> bool:
+        """Whether a GEMM work-item prefetches the U slice of the next group's (the next
+        oc block's, same point: groups run with x, the oc block, fastest) while it walks
+        its own tiles, a share each pass (``compiler.templates.prefetch``): where U is
+        large enough (``prefetch.wanted``) that a model reads it from memory."""
+        op, p = self.op, self.p
+        return prefetch.wanted(4 * p.a2 * op.c * op.co, p.kb)
+
     def gemm(self) -> list[str]:
         """M[b][p][kb * oc_bn + :] = sum_c V[b][p][c] U[kb][b][c][:], tile_p tiles at once."""
         op, p = self.op, self.p
@@ -421,6 +430,9 @@ class _Source:
             f"  GLOBAL const float* vb = V + b * {tiles * op.c};",
             f"  GLOBAL float* mb = M + b * {tiles * op.co} + kb * {p.oc_bn};",
         ]
+        if self.prefetches():
+            nxt = p.a2 * op.c * p.oc_bn
+            lines.append(f"  GLOBAL const float* wn = kb + 1 == {p.kb} ? ub : ub + {nxt};")
         tail = tiles % pt != 0
         body = []
         for t in range(pt):
@@ -439,7 +451,11 @@ class _Source:
         inner += [f"{name} = " + (f"d{t} * w{v} + {name};" if vec == 1
                                   else f"VFMA(d{t}, w{v}, {name});")
                   for t, v, name in accs]
-        body += [f"for (int c = 0; c < {op.c}; ++c) {{", *indent(inner), "}"]
+        if self.prefetches():  # the next group's slice, a share each pass over the tiles
+            body += prefetch.paced_loop("c", op.c, 1, inner, f"(p0 / {pt}) * {op.c * p.oc_bn}",
+                                        p.oc_bn, p.pblocks)
+        else:
+            body += [f"for (int c = 0; c < {op.c}; ++c) {{", *indent(inner), "}"]
         body += [self.vstore(vec, name, f"m{t} + {v * vec}") for t, v, name in accs]
         lines += [f"  for (int p0 = 0; p0 < {tiles}; p0 += {pt}) {{",
                   *indent(indent(body)), "  }", "}"]

@@ -47,12 +47,13 @@ typedef float tuner_float16u __attribute__((ext_vector_type(16), aligned(4)));
 #define VLOAD(n, i, p) (*(const GLOBAL tuner_float##n##u*)((p) + (i) * (n)))
 // PREFETCH(p): a hint to bring p's cache line in (under clang: x86 prefetcht0 in PoCL,
 // likely nothing on a ROCm GPU; OpenCL's own prefetch() is a no-op in PoCL 3.1); nothing
-// in other OpenCL compilers nor in CUDA
+// in other OpenCL compilers nor in CUDA (the pointer evaluated and dropped: no unused
+// variable warnings)
 #define PREFETCH(p) __builtin_prefetch(p)
 #define VSTORE(n, x, i, p) (*(GLOBAL tuner_float##n##u*)((p) + (i) * (n)) = (x))
 #else
 #define VLOAD(n, i, p) vload##n((i), (p))
-#define PREFETCH(p)
+#define PREFETCH(p) ((void)(p))
 #define VSTORE(n, x, i, p) vstore##n((x), (i), (p))
 #endif
 #define VFMA(a, b, c) fma((a), (b), (c))
@@ -97,7 +98,7 @@ _CUDA = """\
 #define BLOCK_Y ((int)blockIdx.y)
 #define BLOCK_Z ((int)blockIdx.z)
 #define RESTRICT __restrict__
-#define PREFETCH(p)
+#define PREFETCH(p) ((void)(p))
 // Short float vectors (see the OpenCL prelude): an array of n floats in a struct that
 // registers hold once the constant-index loops below are unrolled.
 template <int N> struct VecF { float s[N]; };
