@@ -104,6 +104,7 @@ def prefetch_off() -> Iterator[None]:
 
 
 def label_of(task: Task, template: str) -> str:
+    """A row's name: template, channels, kernel, stride, input size."""
     args = task.workload.args
     return (f"{template.split('.')[0]} {args[0][1][1]}->{args[1][1][0]} "
             f"{args[1][1][2]}x{args[1][1][3]} s{args[2][0]} {args[0][1][2]}x{args[0][1][3]}")

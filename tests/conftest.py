@@ -189,18 +189,19 @@ def run_blocked(device: Device, template: Template, wl: Workload, cfg: Config,
 
 def next_block_prefetch(source: str, walks: Iterable[int], floats: int = 0
                         ) -> tuple[int, np.ndarray]:
-    """The next channel block's floats that a kernel's prefetch (``compiler.templates.
+    """Which floats of the next channel block a kernel's prefetch (``compiler.templates.
     prefetch``) brings in, parsed from its source: work-items 1.. of a block, a slice
     each (or, with no slices, one work-item the whole of the next one's ``floats``:
     ``wn = ... ? ub : ub + distance``), prefetch at each of ``walks`` (where the kernel
-    is in its own weight, floats from its start) the lines of the first chunk's
-    PREFETCHes. (the distance to the next block, which of its floats are covered);
-    asserts that every prefetch lands inside it."""
+    is in its own weight, floats from its start; the caller's claim of the kernel's
+    loop structure) the lines of the first chunk's PREFETCHes. Returns the distance to
+    the next block and the mask of its floats covered; asserts that every prefetch
+    lands inside it."""
     found = re.search(r"wk \+ (\d+) \+ \(int\)\(\(long\)\(\w+ - 1\) \* (\d+) / (\d+)\);",
                       source)
     lines = [line.strip() for line in source.splitlines()]
     first = next(i for i, line in enumerate(lines) if line.startswith("GLOBAL const float* wf"))
-    count = int(re.fullmatch(r".* / (\d+);", lines[first]).group(1))  # type: ignore[union-attr]
+    count = int(re.fullmatch(r".* / (\d+)\);", lines[first]).group(1))  # type: ignore[union-attr]
     if found:
         distance, block, slices = (int(g) for g in found.groups())
         assert distance == block and slices == count

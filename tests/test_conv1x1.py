@@ -213,8 +213,8 @@ def test_large_weights_prefetch_the_next_channel_block() -> None:
         found, covered = next_block_prefetch(src, walk)
         assert found == block and covered.all(), io
         assert src.count("PREFETCH(wf") == 2 * 6  # a full pixel block's copy, the tail's
-    assert "PREFETCH(wf" not in TEMPLATE.codegen(workload(1, 64, 56, 56, 256),
-                                                 TEMPLATE.default_config(wl)).source
+    small = workload(1, 64, 56, 56, 256)
+    assert "PREFETCH(wf" not in TEMPLATE.codegen(small, TEMPLATE.default_config(small)).source
     inner = config(wl, order_oc=1)
     assert "PREFETCH(wf" not in TEMPLATE.codegen(wl, inner).source
     one = workload(1, 4096, 7, 7, 64)  # 1 MB, one block of 64

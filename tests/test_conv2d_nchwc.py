@@ -401,7 +401,7 @@ def test_large_weights_prefetch_the_next_channel_block() -> None:
     block = 512 * 9 * 32  # a channel block's weight, floats: C x 3 x 3 x oc_bn
     share = 14 * 2  # rows x x blocks: the work-items of one channel block
     assert "(long)(pq - 1)" in src  # a work-item's place: its row and x block
-    row = re.search(r"wf = wn \+ \(int\)\(wc - wk \+ r \* (\d+)\) / (\d+);", src)
+    row = re.search(r"wf = wn \+ \(int\)\(\(long\)\(wc - wk \+ r \* (\d+)\) / (\d+)\);", src)
     assert row and [int(g) for g in row.groups()] == [3 * 16 * 32, share - 1]
     lines = [line.strip() for line in src.splitlines()]
     first = next(i for i, line in enumerate(lines) if line.startswith("GLOBAL const float* wf"))

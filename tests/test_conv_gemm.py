@@ -183,6 +183,7 @@ def test_large_weights_prefetch_the_next_channel_block_tap_by_tap() -> None:
     walks = [t * 512 * 64 + cb * 64 * 64 + c * 64 for t in range(9) for cb in range(8)
              for c in range(0, 64, 16)]
     src = TEMPLATE.codegen(wl, cfg, "opencl", Epilogue(), IOLayout(64, 64)).source
+    assert "cq += 16" in src  # the walks' chunks: 16 channels, 16 x 64 / 12 floats
     found, covered = next_block_prefetch(src, walks)
     assert found == 9 * 512 * 64 and covered.all()
 
@@ -237,11 +238,15 @@ def test_cases_cover_padding_paths_vectors_and_layouts() -> None:
     assert {op.dilation for op in ops} == {(1, 1), (2, 2)} and any(op.n == 2 for op in ops)
 
 
-def test_prefetching_kernel_matches_numpy(device: Device) -> None:
+@pytest.mark.parametrize("io", [IOLayout(64, 64, 64), IOLayout()])
+def test_prefetching_kernel_matches_numpy(device: Device, io: IOLayout) -> None:
+    """Blocked data (a run per data block, padding read from the zeros) and plain (one
+    run, padding masked)."""
     cfg = TEMPLATE.default_config(PREFETCH_WL, DeviceLimits(simd_lanes=16))
-    got, want = run_blocked(device, TEMPLATE, PREFETCH_WL, cfg, FULL, IOLayout(64, 64, 64))
+    assert "PREFETCH(wf" in TEMPLATE.codegen(PREFETCH_WL, cfg, "opencl", FULL, io).source
+    got, want = run_blocked(device, TEMPLATE, PREFETCH_WL, cfg, FULL, io)
     ok, why = max_abs_error_ok(got, want, CHECK)
-    assert ok, why
+    assert ok, f"{io}: {why}"
 
 
 def test_resnet50_layers_it_is_preferred_on_pass_the_measurer(device: Device) -> None:

@@ -193,7 +193,7 @@ def test_large_transformed_weights_prefetch_the_next_groups_slice() -> None:
     walks = [q * 256 * 64 + c * 64 for q in range(passes) for c in range(0, 256, 16)]
     distance, covered = next_block_prefetch(src, walks, floats=256 * 64)
     assert distance == 16 * 256 * 64 and covered.all()  # alpha^2 slices a block
-    assert "cq += 16" in src and f") / {passes};" in src
+    assert "cq += 16" in src and f") / {passes});" in src
     small = workload(1, 64, 56, 56, 64)
     assert "PREFETCH(wf" not in TEMPLATE.codegen(small, TEMPLATE.default_config(small)).source
     assert "PREFETCH(wf" not in TEMPLATE.codegen(wl, config(wl, oc_bn=256, vec=16)).source

@@ -317,6 +317,7 @@ class GemmSource:
 
     def lines(self) -> list[str]:
         op, p = self.op, self.p
+        block = op.c * op.kh * op.kw * p.oc_bn  # an oc block's packed weight, floats
         body = [signature(self.entry, ["data", "weight", *self.extra], "out") + " {"]
         if p.oc_inner:
             body.append(f"  const int kb = BLOCK_X % {p.kb}, n = BLOCK_Z;")
@@ -329,12 +330,11 @@ class GemmSource:
         body += [
             f"  const int p0 = pb * {p.tp};",
             f"  GLOBAL const float* dn = data + n * {op.c * op.h * op.w};",
-            f"  GLOBAL const float* wk = weight + kb * {op.c * op.kh * op.kw * p.oc_bn};",
+            f"  GLOBAL const float* wk = weight + kb * {block};",
         ]
         slices = self.prefetch_slices()
         if slices:  # a work-item's place among its block's is its pixel block
-            body += indent(prefetch.slice_start("pb", p.kb, op.c * op.kh * op.kw * p.oc_bn,
-                                                slices))
+            body += indent(prefetch.slice_start("pb", p.kb, block, slices))
         body += [f"  {self.vtype()} {name} = {self.vbcast('0.0f')};" for *_, name in self.accs()]
         body += indent(self.reductions())
         body += indent(self.store())

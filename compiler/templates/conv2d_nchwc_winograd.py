@@ -430,7 +430,7 @@ class _Source:
             f"  GLOBAL const float* vb = V + b * {tiles * op.c};",
             f"  GLOBAL float* mb = M + b * {tiles * op.co} + kb * {p.oc_bn};",
         ]
-        if self.prefetches():
+        if self.prefetches():  # no slices (prefetch.slice_start): the whole next slice
             nxt = p.a2 * op.c * p.oc_bn
             lines.append(f"  GLOBAL const float* wn = kb + 1 == {p.kb} ? ub : ub + {nxt};")
         tail = tiles % pt != 0

@@ -70,8 +70,9 @@ def slice_start(place: str, blocks: int, block: int, count: int) -> list[str]:
 def chunk(offset: str, floats: int, count: int) -> list[str]:
     """C lines prefetching this work-item's share of the next block for the ``floats``
     of its own block at ``offset`` (an int expression: floats from ``wk``): the lines
-    over ``[offset, offset + floats) / count`` of its slice, one PREFETCH a line."""
-    lines = [f"GLOBAL const float* wf = wn + (int)({offset}) / {count};"]
+    over ``[offset, offset + floats) / count`` of its slice, one PREFETCH a line. The
+    offset is taken as a long: Winograd's pass index times a slice may pass 2^31."""
+    lines = [f"GLOBAL const float* wf = wn + (int)((long)({offset}) / {count});"]
     return lines + [f"PREFETCH(wf + {LINE * k});" for k in range(-(-floats // (count * LINE)))]
 
 
