@@ -8,7 +8,8 @@ random weights so no layer computes constants):
 2. build twice: template default configs only ("untuned"), and the best records of the
    database ("tuned"); both outputs are checked against onnxruntime's;
 3. time onnxruntime, untuned and tuned in alternating rounds, report medians and ratios,
-   and the tuned model's slowest layers (device-event profile).
+   and the tuned model's slowest layers (each step's minimum of a few device-event
+   profiles).
 
     .venv/bin/python bench/models.py                        # 16 trials per task
     .venv/bin/python bench/models.py --models resnet50 --trials 32
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import settle
+from common import settle, step_minima
 
 import tuner
 from compiler.build_module import Module, build
@@ -37,6 +38,8 @@ from compiler.runtime import open_device
 
 BENCH_DB = Path(__file__).resolve().parent / "data" / "models.db"
 TUNER = Path(sys.executable).with_name("tuner")
+# device-event profiles whose per-step minima rank the slowest layers (one is noisy)
+PROFILES = 5
 
 
 def tune(path: str, target: str, device: str, trials: int, database_url: str) -> float:
@@ -139,11 +142,13 @@ def main() -> None:
               f"({served['this device']} tuned here, {served['default']} default)")
         for k, v in med.items():
             print(f"  {k:12s} {v * 1e3:10.1f} ms   {flops / v / 1e9:7.1f} GFLOP/s")
-        print("  slowest layers of the tuned build:")
-        shapes = {s.name: s.kernel.buffers for s in tuned.program.steps}
-        for step in sorted(tuned.profile(number=1), key=lambda s: -s.seconds)[:5]:
-            dims = " ".join("x".join(map(str, b.shape)) for b in shapes[step.name])
-            print(f"    {step.seconds * 1e3:9.2f} ms {step.share * 100:5.1f}%  {step.name}: {dims}")
+        print(f"  slowest layers of the tuned build (minima of {PROFILES} profiles):")
+        steps = tuned.program.steps
+        minima = step_minima({"tuned": tuned}, PROFILES)["tuned"]
+        for seconds, step in sorted(zip(minima, steps), key=lambda pair: -pair[0])[:5]:
+            dims = " ".join("x".join(map(str, b.shape)) for b in step.kernel.buffers)
+            print(f"    {seconds * 1e3:9.2f} ms {seconds / sum(minima) * 100:5.1f}%  "
+                  f"{step.name}: {dims}")
         print(flush=True)
 
     print("| model | GFLOP | onnxruntime ms | untuned ms | tuned ms | tuned speed-up "
