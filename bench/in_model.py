@@ -15,11 +15,14 @@ times it in, ``Template.measure_io``; output checked against numpy first):
   ``MAX_COPIES``), so a launch reads a weight it has not read lately, as a model's step
   does: between two runs of a layer the model reads every other layer's weight. (Small
   weights: K x the weight may still fit the last-level cache.)
+- cold out: the warm launches, each writing the next of K copies of its output buffer
+  (sized as the weight's), so its stores miss as a model's do where the step's output
+  buffer was last touched a run ago (a trial rewrites one buffer in place).
 
 The kernels alone run without the fused epilogue (bias, residual, ReLU) the model's
 steps carry: a few percent of a step, on its output.
 
-warm and cold alternate, ``--rounds`` times (medians, ms). A kernel that reads
+warm, cold and cold out alternate, ``--rounds`` times (medians, ms). A kernel that reads
 its weight once per run and is limited by that read runs at the cold figure in the
 model; the warm one is what its record says.
 
@@ -66,8 +69,9 @@ def layer_seconds(task: Task, minima: dict[str, float]) -> float | None:
 
 def kernel_timers(device: Device, task: Task, config: Config, number: int,
                   cold_mb: float) -> dict[str, Any]:
-    """warm and cold: seconds per launch of ``config``'s kernel, back to back on one
-    weight and on copies of it in turn."""
+    """warm, cold and cold out: seconds per launch of ``config``'s kernel, back to back
+    on one weight and output, on copies of the weight in turn, on copies of the output
+    in turn."""
     workload = task.workload
     template = get_template(workload.template)
     io = template.measure_io(workload, config) or IOLayout()
@@ -76,20 +80,29 @@ def kernel_timers(device: Device, task: Task, config: Config, number: int,
         workload, Epilogue(), np.random.default_rng(0))[1])
     copies = max(2, min(MAX_COPIES, math.ceil(cold_mb * 2**20 / weight.nbytes)))
     cold_weights = [device.upload(weight) for _ in range(copies)]
+    out_shape = kernel.buffers[-1].shape
+    out_bytes = 4 * math.prod(out_shape)
+    # written once here: a buffer's first touch (page faults) is not what a model pays
+    zeros = np.zeros(out_shape, dtype=np.float32)
+    cold_outs = [device.upload(zeros) for _ in range(
+        max(2, min(MAX_COPIES, math.ceil(cold_mb * 2**20 / out_bytes))))]
     turn = [0]  # the next copy: the cold launches go round all of them, timing to timing
 
-    def launches(weights: list[Any]) -> float:
-        """Seconds per launch of ``number`` back to back, each on the next of ``weights``."""
+    def launches(weights: list[Any], outs: list[Any]) -> float:
+        """Seconds per launch of ``number`` back to back, each on the next of ``weights``
+        and of ``outs``."""
         handles = []
         for i in range(number):
-            w = weights[turn[0] % len(weights)]
-            turn[0] += len(weights) > 1
-            handles.append(device.launch(program, kernel, [args[0], w, args[2]],
+            w, o = weights[turn[0] % len(weights)], outs[turn[0] % len(outs)]
+            turn[0] += len(weights) > 1 or len(outs) > 1
+            handles.append(device.launch(program, kernel, [args[0], w, o],
                                          timed=i in (0, number - 1)))
         return device.elapsed(handles[0], handles[-1]) / number
 
-    return {"warm": lambda: launches([args[1]]), "cold": lambda: launches(cold_weights),
-            "copies": copies, "weight_mb": weight.nbytes / 2**20}
+    return {"warm": lambda: launches([args[1]], [args[2]]),
+            "cold": lambda: launches(cold_weights, [args[2]]),
+            "cold out": lambda: launches([args[1]], cold_outs),
+            "copies": copies, "weight_mb": weight.nbytes / 2**20, "out_mb": out_bytes / 2**20}
 
 
 @contextlib.contextmanager
@@ -188,32 +201,34 @@ def main() -> None:
             if in_model is None:
                 continue
             timers = kernel_timers(device, task, choice.config, opts.number, opts.cold_mb)
-            times: dict[str, list[float]] = {"warm": [], "cold": []}
+            kinds = ["warm", "cold", "cold out"]
+            times: dict[str, list[float]] = {kind: [] for kind in kinds}
             for r in range(opts.rounds):
-                for kind in (("warm", "cold") if r % 2 == 0 else ("cold", "warm")):
+                for kind in kinds if r % 2 == 0 else kinds[::-1]:
                     times[kind].append(timers[kind]())
-            warm, cold = (statistics.median(times[k]) for k in ("warm", "cold"))
+            warm, cold, cold_out = (statistics.median(times[k]) for k in kinds)
             layers = len(task.layers)
             for key, value in (("model", in_model), ("warm", warm), ("cold", cold),
-                               ("record", choice.cost or math.nan)):
+                               ("cold out", cold_out), ("record", choice.cost or math.nan)):
                 totals[key] += value * layers
             label = label_of(task, choice.template)
             rows.append((in_model / warm, label, layers, timers["weight_mb"], timers["copies"],
-                         choice.cost, in_model, warm, cold))
+                         timers["out_mb"], choice.cost, in_model, warm, cold, cold_out))
         print(f"\n## {name}: {'tuned from ' + opts.database_url if records else 'untuned'}; "
               f"ms per layer; {opts.rounds} rounds, {opts.number} launches a timing\n")
-        print("| layer | layers | weight MB (copies) | record | model | warm | cold | "
-              "model / warm | model / cold |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for ratio, label, layers, mb, copies, record, in_model, warm, cold in sorted(
-                rows, key=lambda r: -r[0]):
+        print("| layer | layers | weight MB (copies) | out MB | record | model | warm | cold | "
+              "cold out | model / warm | model / cold |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for (ratio, label, layers, mb, copies, out_mb, record, in_model, warm, cold,
+             cold_out) in sorted(rows, key=lambda r: -r[0]):
             rec = f"{record * 1e3:.3f}" if record else "-"
-            print(f"| {label} | {layers} | {mb:.2f} ({copies}) | {rec} | {in_model * 1e3:.3f} | "
-                  f"{warm * 1e3:.3f} | {cold * 1e3:.3f} | {ratio:.2f} | "
-                  f"{in_model / cold:.2f} |")
-        print(f"| all conv layers | | | {totals['record'] * 1e3:.2f} | "
+            print(f"| {label} | {layers} | {mb:.2f} ({copies}) | {out_mb:.2f} | {rec} | "
+                  f"{in_model * 1e3:.3f} | {warm * 1e3:.3f} | {cold * 1e3:.3f} | "
+                  f"{cold_out * 1e3:.3f} | {ratio:.2f} | {in_model / cold:.2f} |")
+        print(f"| all conv layers | | | | {totals['record'] * 1e3:.2f} | "
               f"{totals['model'] * 1e3:.2f} | {totals['warm'] * 1e3:.2f} | "
-              f"{totals['cold'] * 1e3:.2f} | {totals['model'] / totals['warm']:.2f} | "
+              f"{totals['cold'] * 1e3:.2f} | {totals['cold out'] * 1e3:.2f} | "
+              f"{totals['model'] / totals['warm']:.2f} | "
               f"{totals['model'] / totals['cold']:.2f} |")
 
 
