@@ -19,6 +19,9 @@ with stride 1 they are constants from one base pointer; a strided layer (the str
 downsample convs) or the last, partial pixel block gets one pointer per pixel of the
 tile (the strided row read into the register tile), so the inner loop has no index math
 either way. The last block's missing pixels re-read the last pixel and are not stored.
+Where the weight is 1 MB or more, the pixel blocks of an oc block but its first prefetch
+the next oc block's weight, a slice each, a chunk of channels at a time
+(``compiler.templates.prefetch``): a model reads each layer's weight from memory.
 
 Blocked activations as ``conv2d_NCHWc.x86`` (``blocked_io``): data read in
 NCHW[data_block]c (any block dividing C; plain NCHW reads a channel HW floats apart),

@@ -19,7 +19,9 @@ layers this is where a CPU kernel can beat it. Three launches (``Stage``), one k
   them: accumulators ``acc[tile_p][oc_bn / vec]`` are ``vec``-wide vectors in
   registers (the source is unrolled over them); per input channel one scalar of V
   per tile (broadcast) and ``oc_bn / vec`` weight vectors, a vector multiply-add each.
-  Results go to the scratch M [alpha^2][P][K];
+  Results go to the scratch M [alpha^2][P][K]. Where U is 1 MB or more, a work-item
+  prefetches the next group's U slice (the next oc block's, same point) a share each pass
+  over its tiles (``compiler.templates.prefetch``);
 - output transform (untuned): one work-item per (image and tile row, oc block) takes
   each tile's alpha^2 vectors of M, computes Y = A^T M A on vectors, crops the tile to
   the output and stores it through the fused epilogue: one vector store per pixel and
