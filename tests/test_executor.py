@@ -121,6 +121,25 @@ def test_alias_output_keeps_its_storage(device: Device) -> None:
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
 
 
+def test_two_executors_sharing_kernel_objects_keep_their_own_arguments(
+        device: Device) -> None:
+    """Two executors of one program on one device launch the same kernel objects (the
+    device caches programs by source) on their own buffers; each prepares its launches
+    once (``Device.prepare``), so a launch must still bind its own arguments after the
+    other executor's: runs interleaved, each gives its own input's answer."""
+    program, expected = make_program()
+    other_x = -X
+    b, n = _graph()
+    other = evaluate(b.finish([n["softmax"]]), {"x": other_x})
+    first, second = GraphExecutor(program, device), GraphExecutor(program, device)
+    for _ in range(2):
+        (got,) = first.run({"x": X})
+        np.testing.assert_allclose(got, expected[0], rtol=1e-4, atol=1e-5)
+        (got,) = second.run({"x": other_x})
+        np.testing.assert_allclose(got, other[0], rtol=1e-4, atol=1e-5)
+    assert not np.allclose(expected[0], other[0])
+
+
 def test_benchmark_and_profile(executor: GraphExecutor) -> None:
     executor.set_inputs({"x": X})
     result = executor.benchmark(number=3, repeat=2)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from time import perf_counter
 from typing import Any, Self
 
@@ -188,12 +189,27 @@ class Device(ABC):
                timed: bool = False) -> Any:
         """Enqueue the kernel without waiting (launches run in order); with ``timed`` the
         result is a handle for ``elapsed``. Raises DeviceRuntimeError."""
+        handles = [self._enqueue(*call, timed) for call in self._calls(program, kernel, buffers)]
         if not isinstance(program, Staged):
-            return self._enqueue(program, kernel.grid, kernel.block, buffers, timed)
-        pool = [*buffers, *program.scratch]
-        handles = [self._enqueue(fn, s.grid, s.block, [pool[i] for i in s.args], timed)
-                   for fn, s in zip(program.functions, kernel.stages)]
+            return handles[0]
         return Span(handles[0], handles[-1]) if timed else None
+
+    def prepare(self, program: Any, kernel: Kernel, buffers: list[Any]) -> Callable[..., Any]:
+        """``launch`` of these operands as a function of ``timed``, for launches a caller
+        repeats (a graph's steps, run after run): a backend works out once what a launch
+        derives from its operands. Here nothing is: each call is a ``launch``."""
+        return partial(self.launch, program, kernel, buffers)
+
+    @staticmethod
+    def _calls(program: Any, kernel: Kernel, buffers: list[Any]
+               ) -> list[tuple[Any, tuple[int, int, int], tuple[int, int, int], list[Any]]]:
+        """The launches (function, grid, block, buffers) one kernel is: its function, or
+        a staged kernel's stages on their buffers and the build's scratch."""
+        if not isinstance(program, Staged):
+            return [(program, kernel.grid, kernel.block, buffers)]
+        pool = [*buffers, *program.scratch]
+        return [(fn, s.grid, s.block, [pool[i] for i in s.args])
+                for fn, s in zip(program.functions, kernel.stages)]
 
     @abstractmethod
     def _enqueue(self, function: Any, grid: tuple[int, int, int],
@@ -237,9 +253,9 @@ class Device(ABC):
         for attempt in (1, 2):
             seconds = min(MAX_HOLD_S, HOLD_MARGIN * attempt * number * self._enqueue_s + 1e-3)
             hold, steps = self._hold_queue(seconds)
+            launch = self.prepare(program, kernel, buffers)
             began = perf_counter()
-            handles = [self.launch(program, kernel, buffers, timed=i in (0, number - 1))
-                       for i in range(number)]
+            handles = [launch(i in (0, number - 1)) for i in range(number)]
             self._enqueue_s = (perf_counter() - began) / number
             ran_out = self._finished(hold)
             cost = self.elapsed(handles[0], handles[-1]) / number
@@ -250,8 +266,8 @@ class Device(ABC):
 
     def _time_launches(self, program: Any, kernel: Kernel, buffers: list[Any],
                        number: int) -> float:
-        handles = [self.launch(program, kernel, buffers, timed=i in (0, number - 1))
-                   for i in range(number)]
+        launch = self.prepare(program, kernel, buffers)
+        handles = [launch(i in (0, number - 1)) for i in range(number)]
         return self.elapsed(handles[0], handles[-1]) / number
 
     def _finished(self, handle: Any) -> bool:
