@@ -9,11 +9,13 @@ second with ``prepare`` patched to a plain ``launch`` per call ("launch"), and i
 alternating rounds:
 
 - enqueue: host seconds to enqueue one run's launches (the executor's launch loop,
-  ``perf_counter``), per launch;
+  ``perf_counter``), per step (a staged step, Winograd's, is three launches);
 - run: seconds per run of ``--number`` back-to-back runs (``Module.benchmark``: device
   events of the first and last launch).
 
-Outputs of both builds are checked against each other first.
+Outputs of both builds are checked against each other first. The "launch" side is
+today's ``Device.launch``, which builds its closure per call: a little slower than the
+launch before ``prepare`` existed, so the gap is an upper bound.
 
     .venv/bin/python bench/enqueue.py --models densenet121,resnet50 --rounds 9
 """
@@ -50,7 +52,7 @@ def launch_per_call(device: Device) -> Iterator[None]:
 
 
 def enqueue_seconds(module: Module) -> float:
-    """Host seconds to enqueue one run's launches, per launch (the device drained first
+    """Host seconds to enqueue one run's launches, per step (the device drained first
     and after)."""
     executor = module.executor
     module.device.synchronize()
@@ -69,7 +71,7 @@ def main() -> None:
     opts = parser.parse_args()
     device = open_device("opencl:0")
     print_header("bench/enqueue.py", device.info.name)
-    print("| model | launches | enqueue us / launch: prepared | launch | run ms: prepared "
+    print("| model | steps | enqueue us / step: prepared | launch | run ms: prepared "
           "| launch | launch / prepared |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in opts.models.split(","):

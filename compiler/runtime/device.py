@@ -250,10 +250,10 @@ class Device(ABC):
         """
         if not self.holds_queue:
             return self._time_launches(program, kernel, buffers, number)
+        launch = self.prepare(program, kernel, buffers)  # before the hold starts running
         for attempt in (1, 2):
             seconds = min(MAX_HOLD_S, HOLD_MARGIN * attempt * number * self._enqueue_s + 1e-3)
             hold, steps = self._hold_queue(seconds)
-            launch = self.prepare(program, kernel, buffers)
             began = perf_counter()
             handles = [launch(i in (0, number - 1)) for i in range(number)]
             self._enqueue_s = (perf_counter() - began) / number

@@ -324,13 +324,14 @@ class OpenCLDevice(Device):
         size = tuple(g * b for g, b in zip(grid, block))
         args = tuple(b.int_ptr if isinstance(b, cl.MemoryObjectHolder) else int(b)
                      for b in buffers)
-        queue, enqueue, bound, key = self.queue, cl.enqueue_nd_range_kernel, self._bound, \
-            id(function)
+        queue, enqueue = self.queue, cl.enqueue_nd_range_kernel
+        bound, key = self._bound, id(function)
 
-        def launch(timed: bool = False) -> Any:
+        def launch(timed: bool = False) -> Any:  # every launch has its event: timed or not
             try:
                 held = bound.get(key)
                 if held is None or held[0] is not function or held[1] != args:
+                    bound.pop(key, None)  # a set_args failing halfway binds nothing known
                     function.set_args(*buffers)
                     bound[key] = (function, args)
                 return enqueue(queue, function, size, block)
