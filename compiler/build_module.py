@@ -21,7 +21,7 @@ import numpy as np
 
 from compiler.ir import CONST, INPUT, Graph, Node, TensorType
 from compiler.ir.ops import ALIAS_OPS, node_epilogue
-from compiler.kernels import BLOCKED_KERNELS
+from compiler.kernels import BLOCKED_KERNELS, BLOCKED_POOLS
 from compiler.kernels import lower as lower_plain
 from compiler.layout_tune import DEFAULT_TOP_K, Tuned, data_block, default_cache, tune_layouts
 from compiler.passes import optimize
@@ -220,7 +220,10 @@ def plan_layouts(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, int]:
     all: the producer itself writes what its readers take, and each blocked layer reads
     its data and residual in whatever block their producers wrote. A plain op with a
     blocked kernel (``BLOCKED_KERNELS``: an element-wise chain) read only by such layers
-    likewise writes the block its first reader takes its data in (``data_block``)."""
+    likewise writes the block its first reader takes its data in (``data_block``). A pool
+    that reads and writes one block (``BLOCKED_POOLS``: ResNet's max-pool after the stem)
+    read only by such layers counts as one of them for its producer, and keeps the
+    producer's block: so the stem stores vectors into its own block, not lanes into NCHW."""
     users = graph.users()
     blocked: dict[Node, int] = {}  # layers that can read and write blocked values
     for node, choice in plan.items():
@@ -234,8 +237,17 @@ def plan_layouts(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, int]:
         slots = {i for i, arg in enumerate(reader.inputs) if arg is value}
         return slots <= {0, _residual_index(reader)}
 
+    def passes_block(reader: Node | None, block: int) -> bool:
+        """A pool that can read ``block`` and write it for readers that all take it."""
+        return (reader is not None and reader.op in BLOCKED_POOLS
+                and BLOCKED_POOLS[reader.op][0](reader, block) and bool(users[reader])
+                and all(takes_blocked(u, reader) for u in users[reader]))
+
     layouts = {node: block for node, block in blocked.items()
-               if block and users[node] and all(takes_blocked(u, node) for u in users[node])}
+               if block and users[node]
+               and all(takes_blocked(u, node) or passes_block(u, block) for u in users[node])}
+    for node, block in list(layouts.items()):
+        layouts.update({u: block for u in users[node] if u is not None and u not in blocked})
     # DenseNet's pre-activation scale/shift/relu before each 1x1 conv: the layout
     # transform then costs no pass of its own
     live = graph.live()

@@ -431,7 +431,8 @@ def tune_layouts(graph: Graph, plan: Mapping[Node, Choice], layouts: Mapping[Nod
                 fixed[(v, slot)] = 0  # read plain: a graph input, a pool's output, ...
             elif value in plan:  # a blocked layer with no records here: its block is fixed
                 fixed[(v, slot)] = layouts[value]
-            # else: a blocked element-wise kernel writes the block its (first) reader takes
+            # else: a blocked element-wise kernel writes the block its (first) reader
+            # takes, a blocked pool its producer's: not modelled
     problem_ = Problem(options, edges, fixed)
     reads = reads if reads is not None else ReadCosts(device, cache)
     epilogues = [node_epilogue(node) for node in nodes]

@@ -24,6 +24,8 @@ from conftest import nchwc_config, nchwc_workload, needs_nvcc, nvcc_ptx
 
 from compiler.build_module import Module, build, load_graph, plan_layouts, select_layers
 from compiler.ir import GraphBuilder, evaluate
+from compiler.kernels import lower
+from compiler.kernels.pool import pools_blocked
 from compiler.passes import optimize
 from compiler.runtime.device import Device
 from compiler.runtime.measure import max_abs_error_ok
@@ -210,12 +212,18 @@ def test_other_epilogues_border_copies_and_odd_blocks(device: Device) -> None:
 @pytest.mark.slow
 @needs_nvcc
 def test_blocked_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
-    """The vector stores and vector epilogue through the CUDA prelude."""
+    """The vector stores and vector epilogue through the CUDA prelude; the blocked
+    max-pool."""
     sources = []
     for name in ("res2.3x3", "res5.1x1"):
         for i, (config, io) in enumerate(cases(name)[:3]):
             k = TEMPLATE.codegen(WORKLOADS[name], config, "cuda", FULL, io)
             sources.append(k.source.replace(k.entry, f"{k.entry}_{len(sources)}"))
+    b = GraphBuilder()
+    pool = b.call("nn.max_pool2d", [b.input("x", (1, 64, 112, 112))], pool_size=(3, 3),
+                  strides=(2, 2), padding=(1, 1, 1, 1))
+    k = lower(pool, "cuda", out_block=32)
+    sources.append(k.source.replace(k.entry, f"{k.entry}_{len(sources)}"))
     path = tmp_path / "blocked.cu"
     path.write_text(sources[0] + "\n".join(s[s.index("KERNEL void"):] for s in sources[1:]))
     proc = nvcc_ptx(path, timeout=600)
@@ -309,6 +317,81 @@ def test_branchy_graph_keeps_blocks_between_convs_and_matches_the_interpreter() 
     for g, p in zip(got, plain.run([x])):
         np.testing.assert_allclose(g, p, rtol=1e-5, atol=1e-6)
     assert len(module.profile(number=1)) == len(module.program.steps)
+
+
+# ---- a max-pool between blocked convolutions (ResNet's stem and its pool) ----
+
+@pytest.mark.parametrize("pool, block", [
+    ({"pool_size": (3, 3), "strides": (2, 2), "padding": (1, 1, 1, 1)}, 16),  # ResNet's
+    ({"pool_size": (2, 2), "strides": (2, 2)}, 8),
+    ({"pool_size": (3, 3), "strides": (1, 1), "padding": (2, 1, 2, 1), "dilation": (2, 1)}, 4),
+    ({"pool_size": (3, 3), "strides": (2, 2), "ceil_mode": True}, 32),
+])
+def test_max_pool_reads_and_writes_one_block(device: Device, pool: dict[str, object],
+                                             block: int) -> None:
+    """The blocked max-pool kernel equals numpy's on NCHW[block]c in and out: padding,
+    dilation, ceil mode's overhang, two images, odd sizes."""
+    b = GraphBuilder()
+    x = b.input("x", (2, 32, 11, 13))
+    graph = b.finish([b.call("nn.max_pool2d", [x], **pool)])
+    (node,) = graph.outputs
+    assert pools_blocked(node, block) and not pools_blocked(node, 3)
+    kernel = lower(node, out_block=block)
+    data = np.random.default_rng(block).uniform(-1, 1, (2, 32, 11, 13)).astype(np.float32)
+    (want,) = evaluate(graph, [data])
+    assert [b.shape for b in kernel.buffers] == [blocked_shape(data.shape, block),
+                                                blocked_shape(want.shape, block)]
+    buffers = [device.upload(to_blocked(data, block)), device.alloc(kernel.buffers[-1].shape)]
+    device.run(device.build(kernel), kernel, buffers)
+    got = device.download(buffers[-1], kernel.buffers[-1].shape)
+    np.testing.assert_array_equal(from_blocked(got, block), want)
+
+
+def stem_graph(pool_feeds_relu: bool):  # type: ignore[no-untyped-def]
+    """conv (32 ch, 3x3) -> max-pool 3x3/2 -> two 1x1 convs (graph outputs); with
+    ``pool_feeds_relu`` the pool is also read by a ReLU (a third output)."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 16, 16))
+
+    def w(*shape: int):  # type: ignore[no-untyped-def]
+        return b.const(rng.uniform(-0.3, 0.3, shape).astype(np.float32))
+
+    stem = b.call("nn.relu", [b.call("nn.conv2d", [x, w(32, 8, 3, 3)], "stem",
+                                     padding=(1, 1, 1, 1))])
+    pool = b.call("nn.max_pool2d", [stem], pool_size=(3, 3), strides=(2, 2),
+                  padding=(1, 1, 1, 1))
+    outs = [b.call("nn.conv2d", [pool, w(24, 32, 1, 1)], "left"),
+            b.call("nn.conv2d", [pool, w(16, 32, 1, 1)], "right")]
+    if pool_feeds_relu:
+        outs.append(b.call("nn.relu", [pool]))
+    return b.finish(outs)
+
+
+@pytest.mark.parametrize("pool_feeds_relu", [False, True])
+def test_a_pool_between_convs_keeps_the_stems_block(device: Device,
+                                                    pool_feeds_relu: bool) -> None:
+    """Read only by CPU convolutions, the pool reads and writes the stem's block, so the
+    stem writes it (vector stores) and the convs after read it; read by any other op
+    too, the stem and the pool stay plain. Both equal the interpreter."""
+    graph = stem_graph(pool_feeds_relu)
+    data = np.random.default_rng(6).uniform(-1, 1, (1, 8, 16, 16)).astype(np.float32)
+    want = evaluate(graph, [data])
+    module = build(graph, device=device)
+    stem, pool = module.program.steps[:2]
+    assert "max_pool" in pool.name
+    shapes = [b.shape for b in pool.kernel.buffers]
+    if pool_feeds_relu:
+        assert shapes == [(1, 32, 16, 16), (1, 32, 8, 8)]
+        assert stem.kernel.buffers[-1].shape == (1, 32, 16, 16)
+    else:
+        block = stem.kernel.buffers[-1].shape[-1]
+        assert shapes == [(1, 32 // block, 16, 16, block), (1, 32 // block, 8, 8, block)]
+        assert stem.kernel.buffers[-1].shape == (1, 32 // block, 16, 16, block)
+        left = next(s for s in module.program.steps if s.name.endswith("left"))
+        assert left.kernel.buffers[0].shape == (1, 32 // block, 8, 8, block)
+    for got, w in zip(module.run([data]), want):
+        np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-4 * float(np.abs(w).max()))
 
 
 # ---- ResNet-50 ----

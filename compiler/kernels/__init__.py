@@ -29,8 +29,11 @@ from compiler.kernels.common import NoKernelError, check_operands, describe
 from compiler.templates.base import DIALECTS, Kernel
 from compiler.templates.prelude import with_prelude
 
-# ops with a kernel that writes NCHW[b]c: op -> (whether it can for a node and b, kernel)
+# ops with a kernel that reads NCHW and writes NCHW[b]c: op -> (whether it can for a node
+# and b, kernel)
 BLOCKED_KERNELS = elementwise.BLOCKED_KERNELS
+# ops with a kernel that reads and writes NCHW[b]c (the same b)
+BLOCKED_POOLS = pool.BLOCKED_KERNELS
 
 KERNELS: dict[str, Callable[[Node], Kernel]] = {
     **elementwise.KERNELS,
@@ -47,7 +50,8 @@ KERNELS: dict[str, Callable[[Node], Kernel]] = {
 
 def lower(node: Node, dialect: str = "opencl", out_block: int = 0) -> Kernel:
     """The plain kernel computing ``node``; NoKernelError when there is none.
-    ``out_block`` > 0: written in NCHW[out_block]c (ops of ``BLOCKED_KERNELS`` only)."""
+    ``out_block`` > 0: written in NCHW[out_block]c (ops of ``BLOCKED_KERNELS``, which read
+    NCHW, and of ``BLOCKED_POOLS``, which read that block too)."""
     if dialect not in DIALECTS:
         raise ValueError(f"dialect {dialect!r} is not one of {', '.join(DIALECTS)}")
     if node.op in (INPUT, CONST):
@@ -61,14 +65,15 @@ def lower(node: Node, dialect: str = "opencl", out_block: int = 0) -> Kernel:
         raise NoKernelError(f"{describe(node)}: no plain kernel for op {node.op!r}")
     check_operands(node)
     if out_block:
-        if node.op not in BLOCKED_KERNELS:
+        blocked = BLOCKED_KERNELS.get(node.op) or BLOCKED_POOLS.get(node.op)
+        if blocked is None or not blocked[0](node, out_block):
             raise NoKernelError(f"{describe(node)}: no kernel writes {node.op!r} in "
                                 f"NCHW[{out_block}]c")
-        kernel = BLOCKED_KERNELS[node.op][1](node, out_block)
+        kernel = blocked[1](node, out_block)
     else:
         kernel = make(node)
     return dataclasses.replace(kernel, source=with_prelude(kernel.source, dialect),
                                dialect=dialect)
 
 
-__all__ = ["BLOCKED_KERNELS", "KERNELS", "NoKernelError", "lower"]
+__all__ = ["BLOCKED_KERNELS", "BLOCKED_POOLS", "KERNELS", "NoKernelError", "lower"]

@@ -11,12 +11,13 @@ pool (bench/pool.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
 from compiler.ir import Node
 from compiler.kernels.common import c_float, per_item, strides
-from compiler.templates.base import Kernel
+from compiler.templates.base import Kernel, blocked_shape
 
 
 def _window(node: Node) -> tuple[list[str], list[str], str]:
@@ -59,17 +60,21 @@ def _unrolled(node: Node) -> bool:
         MAX_UNROLLED_TAPS
 
 
-def _taps(node: Node, masked: str, combine: str) -> list[str]:
+def _taps(node: Node, masked: str, combine: str, block: int = 0) -> list[str]:
     """Straight-line code over a 2-D window: per tap, ``v`` is the input value, or
     ``masked`` where the tap falls outside the input, then ``combine`` (a statement
-    reading ``v``), in a block of its own. The output element comes from ``i``."""
+    reading ``v``), in a block of its own. The output element comes from ``i``: in NCHW,
+    or with ``block`` in NCHW[block]c, input and output (the channels of one pixel
+    consecutive work-items, so their loads are contiguous)."""
     (h, w), (oh_n, ow_n) = node.inputs[0].ty.shape[2:], node.ty.shape[2:]
     (kh, kw), (sh, sw) = node.attrs["pool_size"], node.attrs["strides"]
     dh, dw = node.attrs["dilation"]
     ph, pw = node.attrs["padding"][:2]
-    lines = [f"const int ow = i % {ow_n};", f"const int t = i / {ow_n};",
+    pixel = f"(i / {block})" if block else "i"
+    lines = [f"const int ow = {pixel} % {ow_n};", f"const int t = {pixel} / {ow_n};",
              f"const int y0 = (t % {oh_n}) * {sh} - {ph};", f"const int x0 = ow * {sw} - {pw};",
-             f"const GLOBAL float* src = data + (t / {oh_n}) * {h * w};"]
+             f"const GLOBAL float* src = data + (t / {oh_n}) * {h * w * max(block, 1)}"
+             + (f" + i % {block};" if block else ";")]
 
     def bounds(var: str, k: int, stride: int, pad: int, size: int, out: int,
                dil: int) -> tuple[str, list[str]]:
@@ -85,7 +90,7 @@ def _taps(node: Node, masked: str, combine: str) -> list[str]:
         y, y_tests = bounds("y", ky, sh, ph, h, oh_n, dh)
         for kx in range(kw):
             x, x_tests = bounds("x", kx, sw, pw, w, ow_n, dw)
-            read = f"src[{y} * {w} + {x}]"
+            read = f"src[({y} * {w} + {x}) * {block}]" if block else f"src[{y} * {w} + {x}]"
             tests = y_tests + x_tests
             value = f"({' && '.join(tests)}) ? {read} : {masked}" if tests else read
             lines.append(f"{{ const float v = {value}; {combine} }}")
@@ -102,6 +107,28 @@ def max_pool(node: Node) -> Kernel:
         window = [*head, *_nest(node, [f"const float v = src[{offset}];", pick])]
     body = [f"float acc = {c_float(float('-inf'))};", *window, "out[i] = acc;"]
     return per_item(node, ("data",), node.ty.size, body)
+
+
+def pools_blocked(node: Node, block: int) -> bool:
+    """Whether ``max_pool_blocked`` computes ``node`` in NCHW[block]c: a 2-D max-pool whose
+    window is written out (``MAX_UNROLLED_TAPS``) over channels ``block`` divides."""
+    return (node.op == "nn.max_pool2d" and _unrolled(node) and block > 0
+            and node.ty.shape[1] % block == 0)
+
+
+def max_pool_blocked(node: Node, block: int) -> Kernel:
+    """``max_pool`` reading and writing NCHW[block]c: between two blocked convolutions
+    (ResNet's stem, its pool, the first bottleneck) the stem then stores vectors into
+    its own block, not lanes into NCHW (0.51 against 0.65 ms on ResNet-50's stem,
+    docs/BENCHMARKS.md), and its readers read blocked data."""
+    pick = "acc = (v > acc || v != v) ? v : acc;"
+    window = _taps(node, c_float(float("-inf")), pick, block)
+    kernel = per_item(node, ("data",), node.ty.size,
+                      [f"float acc = {c_float(float('-inf'))};", *window, "out[i] = acc;"])
+    data, out = kernel.buffers
+    return dataclasses.replace(kernel, buffers=(
+        dataclasses.replace(data, shape=blocked_shape(data.shape, block)),
+        dataclasses.replace(out, shape=blocked_shape(out.shape, block))))
 
 
 def avg_pool(node: Node) -> Kernel:
@@ -141,6 +168,11 @@ def global_avg_pool(node: Node) -> Kernel:
     ]
     return per_item(node, ("data",), n * c, body, block=64)
 
+
+# pools that read and write one NCHW[b]c block: op -> (can it, for this node and b; kernel)
+BLOCKED_KERNELS: dict[str, tuple[Callable[[Node, int], bool], Callable[[Node, int], Kernel]]] = {
+    "nn.max_pool2d": (pools_blocked, max_pool_blocked),
+}
 
 KERNELS: dict[str, Callable[[Node], Kernel]] = {
     "nn.max_pool2d": max_pool,
