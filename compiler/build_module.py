@@ -247,6 +247,7 @@ def plan_layouts(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, int]:
                if block and users[node]
                and all(takes_blocked(u, node) or passes_block(u, block) for u in users[node])}
     for node, block in list(layouts.items()):
+        # its pools (a graph output, None, never reaches here: it takes no block)
         layouts.update({u: block for u in users[node] if u is not None and u not in blocked})
     # DenseNet's pre-activation scale/shift/relu before each 1x1 conv: the layout
     # transform then costs no pass of its own

@@ -48,6 +48,7 @@ import numpy as np
 
 from compiler.ir import Graph, Node
 from compiler.ir.ops import node_epilogue
+from compiler.kernels import BLOCKED_POOLS
 from compiler.records import THIS_DEVICE, Candidate, Choice, RecordSource, rank
 from compiler.runtime.child import cache_home
 from compiler.runtime.device import Device
@@ -425,14 +426,16 @@ def tune_layouts(graph: Graph, plan: Mapping[Node, Choice], layouts: Mapping[Nod
         if r is not None:
             slots.append((RESIDUAL, node.inputs[r]))
         for slot, value in slots:
+            while value in layouts and value not in plan and value.op in BLOCKED_POOLS:
+                value = value.inputs[0]  # a blocked pool passes its producer's block on
             if value in index and value in layouts:
                 edges.append(Edge(index[value], v, slot))
             elif value not in layouts:
-                fixed[(v, slot)] = 0  # read plain: a graph input, a pool's output, ...
+                fixed[(v, slot)] = 0  # read plain: a graph input, a plain op's output, ...
             elif value in plan:  # a blocked layer with no records here: its block is fixed
                 fixed[(v, slot)] = layouts[value]
             # else: a blocked element-wise kernel writes the block its (first) reader
-            # takes, a blocked pool its producer's: not modelled
+            # takes: not modelled
     problem_ = Problem(options, edges, fixed)
     reads = reads if reads is not None else ReadCosts(device, cache)
     epilogues = [node_epilogue(node) for node in nodes]

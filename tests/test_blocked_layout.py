@@ -325,7 +325,7 @@ def test_branchy_graph_keeps_blocks_between_convs_and_matches_the_interpreter() 
     ({"pool_size": (3, 3), "strides": (2, 2), "padding": (1, 1, 1, 1)}, 16),  # ResNet's
     ({"pool_size": (2, 2), "strides": (2, 2)}, 8),
     ({"pool_size": (3, 3), "strides": (1, 1), "padding": (2, 1, 2, 1), "dilation": (2, 1)}, 4),
-    ({"pool_size": (3, 3), "strides": (2, 2), "ceil_mode": True}, 32),
+    ({"pool_size": (2, 2), "strides": (2, 2), "ceil_mode": True}, 32),  # 6 x 7: overhang
 ])
 def test_max_pool_reads_and_writes_one_block(device: Device, pool: dict[str, object],
                                              block: int) -> None:

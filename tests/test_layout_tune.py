@@ -227,6 +227,41 @@ def test_tuned_plan_matches_blocks_and_the_interpreter(device: Device) -> None:
                                    atol=1e-4 * float(np.abs(want).max()))
 
 
+def pool_graph() -> Graph:
+    """conv1 -> max-pool 3x3/2 -> conv2 -> conv3 (a graph output): the pool, read by conv2
+    only, passes conv1's block on (``BLOCKED_POOLS``)."""
+    rng = np.random.default_rng(7)
+
+    def w(*shape: int):  # type: ignore[no-untyped-def]
+        return b.const(rng.uniform(-0.3, 0.3, shape).astype(np.float32))
+
+    b = GraphBuilder()
+    x = b.input("x", (1, 16, 16, 16))
+    pad = {"padding": (1, 1, 1, 1)}
+    c1 = b.call("nn.relu", [b.call("nn.conv2d", [x, w(32, 16, 3, 3)], "conv1", **pad)])
+    pool = b.call("nn.max_pool2d", [c1], pool_size=(3, 3), strides=(2, 2), **pad)
+    c2 = b.call("nn.relu", [b.call("nn.conv2d", [pool, w(32, 32, 3, 3)], "conv2", **pad)])
+    return optimize(b.finish([b.call("nn.conv2d", [c2, w(16, 32, 3, 3)], "conv3", **pad)]))
+
+
+def test_a_blocked_pool_is_a_data_edge_from_its_producer(device: Device) -> None:
+    """The DP sees conv2 read conv1's block through the pool: greedy gives conv1 (and the
+    pool) 8 and conv2 16, a mismatched read; the tuned plan one block through the pool."""
+    graph = pool_graph()
+    source = layout_records(graph, device)
+    plan, _tasks, _choices = select_layers(graph, device.target, source, device.limits)
+    layouts = plan_layouts(graph, plan)
+    assert sorted(layouts.values()) == [8, 8, 16]  # conv1, the pool, conv2
+    tuned = tune_layouts(graph, plan, layouts, source, device, residual_index=_residual_index,
+                         reads=MismatchReads(device))
+    assert tuned.greedy_total - tuned.tuned_total > 0.5e-3  # a mismatched read saved
+    assert len(set(plan_layouts(graph, tuned.plan).values())) == 1
+    x = np.random.default_rng(8).uniform(-1, 1, (1, 16, 16, 16)).astype(np.float32)
+    (want,) = evaluate(graph, [x])
+    np.testing.assert_allclose(run_plan(graph, tuned.plan, device, x), want, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(want).max()))
+
+
 def test_measured_read_costs_are_cached_and_the_build_matches(
         device: Device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     graph = chain_graph()

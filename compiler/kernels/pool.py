@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 
 from compiler.ir import Node
-from compiler.kernels.common import c_float, per_item, strides
+from compiler.kernels.common import NoKernelError, c_float, describe, per_item, strides
 from compiler.templates.base import Kernel, blocked_shape
 
 
@@ -121,6 +121,8 @@ def max_pool_blocked(node: Node, block: int) -> Kernel:
     (ResNet's stem, its pool, the first bottleneck) the stem then stores vectors into
     its own block, not lanes into NCHW (0.51 against 0.65 ms on ResNet-50's stem,
     docs/BENCHMARKS.md), and its readers read blocked data."""
+    if not pools_blocked(node, block):
+        raise NoKernelError(f"{describe(node)}: no blocked kernel for it in NCHW[{block}]c")
     pick = "acc = (v > acc || v != v) ? v : acc;"
     window = _taps(node, c_float(float("-inf")), pick, block)
     kernel = per_item(node, ("data",), node.ty.size,
