@@ -117,6 +117,8 @@ def main() -> None:
         if missing and not args.no_tune:
             print(f"{name}: {missing} of {len(untuned.tasks)} tasks need tuning")
             tune_s = tune(path, target, args.device, args.trials, args.database_url)
+            # built again: the untuned and tuned builds of the table come from one tree
+            untuned = build(model, records=None, device=dev)
         source = tuner.records.database(args.database_url)
         tuned = build(model, records=source, device=dev)
         ort_run, ort_seconds = onnxruntime_timer(model, x)
