@@ -144,6 +144,15 @@ def cpu_model() -> str:
     return ""
 
 
+def light_model(name: str) -> Any:
+    """The onnx package's light model ``name`` with its seeded random weights (the same
+    weights every bench and test draws for it)."""
+    import onnx
+
+    from compiler.frontend.samples import LIGHT_MODELS, light_path, with_random_weights
+    return with_random_weights(onnx.load(light_path(name)), seed=LIGHT_MODELS.index(name))
+
+
 def print_header(script: str, device_name: str, extra: str = "") -> None:
     """The lines every bench's output starts with: when, the command, the host, the
     device and the commit measured (``extra`` appended to the host line)."""

@@ -23,32 +23,24 @@ launch before ``prepare`` existed, so the gap is an upper bound.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
-from collections.abc import Iterator
 from functools import partial
 from typing import Any
+from unittest import mock
 
 import numpy as np
-import onnx
-from common import print_header
+from common import light_model, print_header
 
 from compiler.build_module import Module, build
-from compiler.frontend.samples import LIGHT_MODELS, light_path, with_random_weights
 from compiler.runtime import Device, open_device
 
 
-@contextlib.contextmanager
-def launch_per_call(device: Device) -> Iterator[None]:
+def launch_per_call(device: Device) -> Any:
     """Executors made meanwhile launch through ``Device.launch`` each time (the other
     side of the A/B)."""
-    device.prepare = lambda program, kernel, buffers: partial(  # type: ignore[method-assign]
-        device.launch, program, kernel, buffers)
-    try:
-        yield
-    finally:
-        del device.prepare  # the class's method again
+    return mock.patch.object(device, "prepare", lambda program, kernel, buffers: partial(
+        device.launch, program, kernel, buffers))
 
 
 def enqueue_seconds(module: Module) -> float:
@@ -75,7 +67,7 @@ def main() -> None:
           "| launch | launch / prepared |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in opts.models.split(","):
-        model = with_random_weights(onnx.load(light_path(name)), seed=LIGHT_MODELS.index(name))
+        model = light_model(name)
         builds = {"prepared": build(model, device=device)}
         with launch_per_call(device):
             builds["launch"] = build(model, device=device)

@@ -39,19 +39,17 @@ prefetches, its steps in both models and its kernel alone cold and warm in both 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import numpy as np
-from common import checked_kernel, print_header, step_minima
+from common import checked_kernel, light_model, print_header, step_minima
 
 import tuner
 from compiler.build_module import build
-from compiler.frontend.samples import LIGHT_MODELS, light_path, with_random_weights
 from compiler.runtime import Device, open_device
 from compiler.tasks import Task
 from compiler.templates import Epilogue, IOLayout, get_template, prefetch
@@ -105,15 +103,9 @@ def kernel_timers(device: Device, task: Task, config: Config, number: int,
             "copies": copies, "weight_mb": weight.nbytes / 2**20, "out_mb": out_bytes / 2**20}
 
 
-@contextlib.contextmanager
-def prefetch_off() -> Iterator[None]:
+def prefetch_off() -> Any:
     """Kernels generated meanwhile do not prefetch (the A/B's other side)."""
-    saved = prefetch.wanted
-    prefetch.wanted = lambda *args: False
-    try:
-        yield
-    finally:
-        prefetch.wanted = saved
+    return mock.patch.object(prefetch, "wanted", lambda *args: False)
 
 
 def label_of(task: Task, template: str) -> str:
@@ -179,13 +171,11 @@ def main() -> None:
     parser.add_argument("--ab-prefetch", action="store_true",
                         help="the build with and without the next block's prefetch")
     opts = parser.parse_args()
-    import onnx
-
     device = open_device("opencl:0")
     print_header("bench/in_model.py", device.info.name)
     records = tuner.records.database(opts.database_url) if opts.database_url else None
     for name in opts.models.split(","):
-        model = with_random_weights(onnx.load(light_path(name)), seed=LIGHT_MODELS.index(name))
+        model = light_model(name)
         if opts.ab_prefetch:
             prefetch_ab(device, name, model, records, opts)
             continue

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from unittest import mock
 
 import numpy as np
-import onnx
-from common import print_header, step_minima
+from common import light_model, print_header, step_minima
 
 import tuner
 from compiler import build_module
-from compiler.frontend.samples import LIGHT_MODELS, light_path, with_random_weights
 from compiler.runtime import open_device
 
 
@@ -37,14 +36,10 @@ def main() -> None:
     print_header("bench/pool_layout.py", device.info.name)
     records = tuner.records.database(opts.database_url) if opts.database_url else None
     for name in opts.models.split(","):
-        model = with_random_weights(onnx.load(light_path(name)), seed=LIGHT_MODELS.index(name))
+        model = light_model(name)
         builds = {"blocked pool": build_module.build(model, records=records, device=device)}
-        saved = dict(build_module.BLOCKED_POOLS)
-        build_module.BLOCKED_POOLS.clear()
-        try:
+        with mock.patch.dict(build_module.BLOCKED_POOLS, clear=True):
             builds["plain pool"] = build_module.build(model, records=records, device=device)
-        finally:
-            build_module.BLOCKED_POOLS.update(saved)
         x = np.random.default_rng(0).uniform(0, 1, size=(1, 3, 224, 224)).astype(np.float32)
         (a,), (b,) = (m.run([x]) for m in builds.values())
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
