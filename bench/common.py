@@ -168,27 +168,34 @@ def checked_launch(device: Any, workload: Any, config: Any, io: Any) -> Callable
     return lambda: device.launch(program, kernel, args)
 
 
-def checked_kernel(device: Any, workload: Any, config: Any, io: Any
+def checked_kernel(device: Any, workload: Any, config: Any, io: Any, prologue: Any = None
                    ) -> tuple[Any, Any, list[Any]]:
-    """``config``'s kernel built on ``device`` with activations in ``io``'s layout, run
+    """``config``'s kernel built on ``device`` with activations in ``io``'s layout (and
+    ``prologue`` on its data load: scales in [0.5, 1.5), shifts in [-0.5, 0.5)), run
     once on seeded operands and its output checked against numpy (SystemExit if it
     differs): (program, kernel, its buffers), for ``device.launch`` or ``device.time``."""
     from compiler.runtime.measure import max_abs_error_ok
-    from compiler.templates import Epilogue
+    from compiler.templates import Epilogue, Prologue
     from compiler.templates.base import from_blocked, to_blocked
     from schemas import MeasureOptions
 
     template = get_template(workload.template)
-    arrays = template.make_inputs(workload, Epilogue(), np.random.default_rng(0))
-    kernel = template.codegen(workload, config, device.dialect, Epilogue(), io)
+    rng = np.random.default_rng(0)
+    arrays = template.make_inputs(workload, Epilogue(), rng)
+    prologue = prologue or Prologue()
+    vectors = {b.name: rng.uniform(*((0.5, 1.5) if b.name == "pro_scale" else (-0.5, 0.5)),
+                                   b.shape).astype(np.float32)
+               for b in prologue.buffers(arrays[0].shape[1])}
+    kernel = template.codegen(workload, config, device.dialect, Epilogue(), io, prologue)
     program = device.build(kernel)
     args = [device.upload(np.ascontiguousarray(to_blocked(arrays[0], io.data_block))),
             device.upload(template.pack_weight(workload, config, arrays[1])),
+            *(device.upload(v) for v in vectors.values()),
             device.alloc(kernel.buffers[-1].shape)]
     device.run(program, kernel, args)
     got = from_blocked(device.download(args[-1], kernel.buffers[-1].shape), io.out_block)
-    ok, why = max_abs_error_ok(got, template.reference(workload, arrays),
-                               MeasureOptions(number=1, repeat=1, min_repeat_ms=0))
+    want = template.reference(workload, [prologue.apply(arrays[0], vectors), arrays[1]])
+    ok, why = max_abs_error_ok(got, want, MeasureOptions(number=1, repeat=1, min_repeat_ms=0))
     if not ok:
         raise SystemExit(f"{workload.template} {workload.args[:3]} config {config.index}: "
                          f"differs from numpy: {why}")

@@ -25,6 +25,7 @@ from compiler.kernels import BLOCKED_KERNELS, BLOCKED_POOLS
 from compiler.kernels import lower as lower_plain
 from compiler.layout_tune import DEFAULT_TOP_K, Tuned, data_block, default_cache, tune_layouts
 from compiler.passes import optimize
+from compiler.passes.fold_batch_norm import per_channel
 from compiler.records import (
     DEFAULT,
     OTHER_DEVICE,
@@ -43,7 +44,7 @@ from compiler.runtime.executor import (
 )
 from compiler.runtime.host import random_value
 from compiler.tasks import Task, candidates, extract_tasks
-from compiler.templates import IOLayout, get_template
+from compiler.templates import IOLayout, Prologue, get_template
 from compiler.templates.base import simd_lanes
 from schemas import DeviceLimits, Target
 
@@ -109,7 +110,7 @@ def build(model: Model, target: str | Target | None = None,
           records: RecordSource | None = None, device: Device | None = None,
           optimized: bool = False, blocked_layout: bool = True,
           slice_concat: bool = True, graph_tune: bool = False,
-          graph_tune_top_k: int = DEFAULT_TOP_K) -> Module:
+          graph_tune_top_k: int = DEFAULT_TOP_K, fold_prologues: bool = True) -> Module:
     """Compile ``model`` for the local device matching ``target`` (or ``device``).
 
     ``records`` supplies tuned configs; without it every task runs its template's default.
@@ -118,6 +119,9 @@ def build(model: Model, target: str | Target | None = None,
     False stores every value in plain NCHW (to compare, or to read intermediates).
     ``slice_concat``: the producers of a concatenation write their slices of it in place
     (``plan_slices``); False runs a concatenate kernel for each (to compare).
+    ``fold_prologues``: a per-channel scale/shift/relu chain read only by a conv whose
+    template applies a prologue runs in that conv's data load (``plan_prologues``);
+    False runs it as its own kernel (to compare).
     ``graph_tune``: choose each blocked layer's record among the ``graph_tune_top_k``
     cheapest layouts of this device's records by dynamic programming over the whole
     graph, counting the measured cost of reading a producer's block
@@ -141,7 +145,8 @@ def build(model: Model, target: str | Target | None = None,
             plan = tuned.plan
             tasks, choices = _tasks_of(graph, plan)
     program = lower(graph, plan, device.dialect, blocked_layout=blocked_layout,
-                    view_align=device.view_align if slice_concat else 0)
+                    view_align=device.view_align if slice_concat else 0,
+                    fold_prologues=fold_prologues)
     module = Module(graph, tasks, choices, program, GraphExecutor(program, device), device,
                     owns_device, tuned)
     served = Counter(c.source for c in choices)
@@ -263,6 +268,93 @@ def plan_layouts(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, int]:
     return layouts
 
 
+@dataclass(frozen=True)
+class Fold:
+    """An element-wise chain run in the data load of the conv that reads it."""
+
+    chain: Node  # the fused.elementwise that runs no kernel
+    prologue: Prologue
+    vectors: tuple[np.ndarray, ...]  # its scale and shift as the kernel takes them
+    weight_scale: np.ndarray | None = None  # per input channel, into the conv's weight
+
+    @property
+    def data(self) -> Node:
+        """What the conv reads instead: the chain's input."""
+        return self.chain.inputs[0]
+
+
+def _as_prologue(node: Node) -> Fold | None:
+    """``node`` as a prologue: a float ``fused.elementwise`` over NCHW of at most one
+    per-channel constant multiply (scale), one per-channel constant add or bias_add
+    (shift) and relus, in any order; else None."""
+    if node.op != "fused.elementwise" or node.ty.dtype != "float32" or node.ty.ndim != 4:
+        return None
+    ops: list[str] = []
+    vectors: dict[str, np.ndarray] = {}
+    for op, index, items in node.attr("chain"):
+        if op == "nn.relu":
+            ops.append("relu")
+            continue
+        other = node.inputs[index] if index >= 0 else None
+        name = {"multiply": "scale", "add": "shift", "nn.bias_add": "shift"}.get(op)
+        if other is None or name is None or name in vectors or other.value is None:
+            return None
+        if op == "nn.bias_add":
+            ok = dict(items).get("axis", 1) % 4 == 1 and other.ty.shape == node.ty.shape[1:2]
+            value = np.asarray(other.value, np.float32) if ok else None
+        else:
+            value = per_channel(other, node)
+        if value is None:
+            return None
+        ops.append(name)
+        vectors[name] = value
+    prologue = Prologue(tuple(ops))
+    return Fold(node, prologue, tuple(vectors[b.name[4:]] for b in
+                                      prologue.buffers(node.ty.shape[1])))
+
+
+def _scale_into_weight(fold: Fold) -> Fold:
+    """A positive scale moved into the conv's weight: relu(s * x + h) is
+    s * relu(x + h / s) for s > 0, and W (s * y) is (W s) y; the shifts after it divided
+    by s. Why: the prologue's scale is a multiply on the FMA pipes the GEMM keeps busy,
+    its shift and relu run on the add pipes beside them (a Zen 5 core: a 1x1 GEMM with
+    shift + relu on its load as fast as without a prologue, with the scale too 1.2-1.3x
+    slower; bench/prologue.py)."""
+    ops = fold.prologue.ops
+    if "scale" not in ops:
+        return fold
+    vectors = dict(zip((b.name for b in fold.prologue.buffers(len(fold.vectors[0]))),
+                       fold.vectors))
+    scale = vectors["pro_scale"]
+    if not np.all(scale > 0):
+        return fold
+    prologue = Prologue(tuple(op for op in ops if op != "scale"))
+    if "shift" in ops and ops.index("shift") > ops.index("scale"):
+        vectors["pro_shift"] = (vectors["pro_shift"] / scale).astype(np.float32)
+    kept = tuple(vectors[b.name] for b in prologue.buffers(len(scale)))
+    return Fold(fold.chain, prologue, kept, scale)
+
+
+def plan_prologues(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, Fold]:
+    """The convs that apply the element-wise chain they read in their data load, as
+    TVM fuses an injective producer into its reader: DenseNet's pre-activation
+    batch-norm + ReLU before each 1x1 conv, which otherwise writes a copy of the
+    concatenated feature map each layer (62 kernels of DenseNet-121). The chain must
+    be read by nothing else (not a graph output) and only as the conv's data, and the
+    conv's chosen template must take a prologue (``Template.takes_prologue``)."""
+    users = graph.users()
+    folds: dict[Node, Fold] = {}
+    for node, choice in plan.items():
+        chain = node.inputs[0]
+        if not get_template(choice.workload.template).takes_prologue \
+                or users.get(chain) != [node]:  # one read, as the data
+            continue
+        fold = _as_prologue(chain)
+        if fold is not None:
+            folds[node] = _scale_into_weight(fold)
+    return folds
+
+
 def _slice_starts(node: Node) -> list[int]:
     """The element offset of each input's slice in a concatenation whose axes before
     the concatenated one have extent 1 (so each slice is one run of elements)."""
@@ -339,7 +431,8 @@ def _slice_in(program: Program, node: Node, vid: int, views: Mapping[Node, tuple
 
 
 def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
-          blocked_layout: bool = True, view_align: int = 0) -> Program:
+          blocked_layout: bool = True, view_align: int = 0,
+          fold_prologues: bool = True) -> Program:
     """One step per op: conv2d/dense layers in ``plan`` run their template with the
     chosen config; reshapes alias their input; everything else gets a plain kernel. No
     device needed: the same program lowers to CUDA C for a GPU machine as to OpenCL C
@@ -353,7 +446,10 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
 
     With ``view_align`` (the device's, bytes) the concatenations ``plan_slices`` picks
     run no kernel: their inputs are views of them (``Program.views``), written in
-    place by their producers or, where one cannot, copied into their slice."""
+    place by their producers or, where one cannot, copied into their slice.
+
+    With ``fold_prologues`` the element-wise chains ``plan_prologues`` picks run no
+    kernel: the conv reading each applies it on its data load."""
     ids: dict[Node, int] = {}
     program = Program(values=[], inputs=[], outputs=[], constants={}, steps=[], aliases={})
 
@@ -363,20 +459,30 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
             program.values.append(node.ty)
         return ids[node]
 
+    def constant(array: np.ndarray) -> int:
+        """A new value holding ``array``: a step's own constant (a packed weight)."""
+        program.values.append(TensorType(array.shape, str(array.dtype)))
+        program.constants[len(program.values) - 1] = np.ascontiguousarray(array)
+        return len(program.values) - 1
+
     layouts = plan_layouts(graph, plan) if blocked_layout else {}
     sliced, views = plan_slices(graph, layouts, view_align)
+    folds = plan_prologues(graph, plan) if fold_prologues else {}
+    folded = {fold.chain for fold in folds.values()}
     live = graph.live()
     for node in graph.inputs:
         program.inputs.append((node.name, value_id(node)))
     for node in graph.nodes:
-        if id(node) not in live or node.op == INPUT:
+        if id(node) not in live or node.op == INPUT or node in folded:
             continue
         vid = value_id(node)
         if node.op == CONST:
             assert node.value is not None
             program.constants[vid] = np.ascontiguousarray(node.value, dtype=node.ty.dtype)
             continue
-        args = tuple(value_id(a) for a in node.inputs)
+        fold = folds.get(node)
+        inputs = (fold.data, *node.inputs[1:]) if fold else node.inputs
+        args = tuple(value_id(a) for a in inputs)
         if node.op in ALIAS_OPS:
             program.aliases[vid] = args[0]
             continue
@@ -392,7 +498,7 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
             if template.blocked_io and layouts:
                 residual = _residual_index(node)
                 io = IOLayout(
-                    data_block=layouts.get(node.inputs[0], 0),
+                    data_block=layouts.get(inputs[0], 0),
                     out_block=layouts.get(node, 0),
                     residual_block=(0 if residual is None
                                     else layouts.get(node.inputs[residual], 0)))
@@ -400,16 +506,17 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
                     program.blocks[vid] = io.out_block
                 if io.plain:
                     io = None
-            kernel = template.codegen(workload, choice.config, dialect, epilogue, io)
+            kernel = template.codegen(workload, choice.config, dialect, epilogue, io,
+                                      fold.prologue if fold else Prologue())
             if template.packs_weight:  # the packed copy is this step's own constant
                 weight = node.inputs[1].value
                 assert weight is not None, "templates that pack weights need constant ones"
-                packed = len(program.values)
-                wbuf = kernel.buffers[1]
-                program.values.append(TensorType(wbuf.shape, wbuf.dtype))
-                program.constants[packed] = np.ascontiguousarray(
-                    template.pack_weight(workload, choice.config, weight), dtype=wbuf.dtype)
-                args = (args[0], packed, *args[2:])
+                if fold and fold.weight_scale is not None:
+                    weight = weight * fold.weight_scale.reshape(1, -1, 1, 1)
+                packed = template.pack_weight(workload, choice.config, weight)
+                args = (args[0], constant(packed.astype(kernel.buffers[1].dtype)), *args[2:])
+            if fold:
+                args += tuple(constant(v) for v in fold.vectors)
         else:
             kernel = lower_plain(node, dialect, out_block=layouts.get(node, 0))
             if node in layouts:

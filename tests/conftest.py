@@ -30,6 +30,7 @@ from compiler.templates import (
     ConfigError,
     Epilogue,
     IOLayout,
+    Prologue,
     Template,
     WorkloadError,
     get_template,
@@ -165,17 +166,25 @@ DENSE_LARGE = "dense_large_batch.gpu"
 
 
 def run_blocked(device: Device, template: Template, wl: Workload, cfg: Config,
-                epilogue: Epilogue, io: IOLayout) -> tuple[np.ndarray, np.ndarray]:
+                epilogue: Epilogue, io: IOLayout, prologue: Prologue = Prologue()
+                ) -> tuple[np.ndarray, np.ndarray]:
     """A blocked-IO CPU conv kernel's output (back in NCHW) and numpy's, for inputs in
-    ``io``'s layouts; the output starts as NaN, so a pixel left unwritten shows."""
-    arrays = template.make_inputs(wl, epilogue, np.random.default_rng(5))
-    want = template.reference(wl, arrays, epilogue)
-    kernel = template.codegen(wl, cfg, device.dialect, epilogue, io)
+    ``io``'s layouts; the output starts as NaN, so a pixel left unwritten shows. A
+    prologue's scale and shift are drawn around 1 and 0 (a sign change in some)."""
+    rng = np.random.default_rng(5)
+    arrays = template.make_inputs(wl, epilogue, rng)
+    channels = arrays[0].shape[1]
+    vectors = {b.name: rng.uniform(-0.5, 1.5, channels).astype(np.float32) if b.name ==
+               "pro_scale" else rng.uniform(-0.5, 0.5, channels).astype(np.float32)
+               for b in prologue.buffers(channels)}
+    want = template.reference(wl, [prologue.apply(arrays[0], vectors), *arrays[1:]], epilogue)
+    kernel = template.codegen(wl, cfg, device.dialect, epilogue, io, prologue)
     inputs = [to_blocked(arrays[0], io.data_block), template.pack_weight(wl, cfg, arrays[1])]
     if "bias" in epilogue.ops:
         inputs.append(arrays[2])
     if "add" in epilogue.ops:
         inputs.append(to_blocked(arrays[-1], io.residual_block))
+    inputs += vectors.values()
     assert [a.shape for a in inputs] == [b.shape for b in kernel.buffers[:-1]]
     out_shape = kernel.buffers[-1].shape
     assert out_shape == blocked_shape(want.shape, io.out_block)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import nchwc_config, nchwc_workload, needs_nvcc, nvcc_ptx
+from conftest import run_blocked as run_with_prologue
 
 from compiler.build_module import Module, build, load_graph, plan_layouts, select_layers
 from compiler.ir import GraphBuilder, evaluate
@@ -29,7 +30,7 @@ from compiler.kernels.pool import pools_blocked
 from compiler.passes import optimize
 from compiler.runtime.device import Device
 from compiler.runtime.measure import max_abs_error_ok
-from compiler.templates import Epilogue, IOLayout, get_template
+from compiler.templates import Epilogue, IOLayout, Prologue, get_template
 from compiler.templates.base import blocked_shape, from_blocked, to_blocked
 from schemas import Config, DeviceLimits, MeasureOptions, Target, Workload
 
@@ -209,16 +210,55 @@ def test_other_epilogues_border_copies_and_odd_blocks(device: Device) -> None:
 
 
 
+def test_prologue_on_the_direct_template_matches_numpy(device: Device) -> None:
+    """A prologue (``Prologue``) on each loaded value: a padded 3x3 layer's border copies
+    (padded taps left out), the stem's 7x7 with kw rolled, a padded 1x1 whose two-row
+    blocks mask rows outside the image (zeroed after the prologue), plain and blocked
+    data, vectors and plain floats, unrolled channel steps."""
+    wl3, stem = WORKLOADS["res2.3x3"], nchwc_workload(1, 8, 30, 16, 7, 2, 3)
+    padded = nchwc_workload(1, 12, 9, 16, 1, 1, 1)
+    pre = Prologue(("scale", "shift", "relu"))
+    runs = [
+        (wl3, nchwc_config(wl3, tile_ic=16, tile_oc=16, tile_ow=8, vec=8, unroll_ci=4),
+         FULL, IOLayout(16, 16, 16), pre),
+        (wl3, nchwc_config(wl3, tile_ic=8, tile_oc=32, tile_ow=7, vec=1),
+         Epilogue(("bias", "relu")), IOLayout(), Prologue(("shift", "relu"))),
+        (stem, nchwc_config(stem, tile_ic=2, tile_oc=4, tile_ow=15, vec=4, unroll_kw=False),
+         FULL, IOLayout(4, 4, 16), pre),
+        (padded, nchwc_config(padded, tile_ic=6, tile_oc=16, tile_ow=11, tile_oh=2, vec=16),
+         FULL, IOLayout(4, 16), pre),
+        (padded, nchwc_config(padded, tile_ic=12, tile_oc=8, tile_ow=1, tile_oh=2, vec=1),
+         Epilogue(), IOLayout(), Prologue(("relu", "scale"))),
+    ]
+    failures = []
+    for wl, config, epilogue, io, prologue in runs:
+        got, want = run_with_prologue(device, TEMPLATE, wl, config, epilogue, io, prologue)
+        ok, why = max_abs_error_ok(got, want, CHECK)
+        if not ok:
+            failures.append(f"{wl.args[:2]} {prologue.ops} {io}: {why}")
+    assert not failures, "\n".join(failures)
+    sources = [TEMPLATE.codegen(wl, c, "opencl", e, io, p).source for wl, c, e, io, p in runs]
+    assert "rm1" in sources[3] and "} else if (owb ==" in sources[0]  # the paths covered
+
+
 @pytest.mark.slow
 @needs_nvcc
 def test_blocked_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
     """The vector stores and vector epilogue through the CUDA prelude; the blocked
-    max-pool."""
+    max-pool; the 1x1 GEMM's prologue on vectors (blocked data) and on floats (plain)."""
     sources = []
     for name in ("res2.3x3", "res5.1x1"):
         for i, (config, io) in enumerate(cases(name)[:3]):
             k = TEMPLATE.codegen(WORKLOADS[name], config, "cuda", FULL, io)
             sources.append(k.source.replace(k.entry, f"{k.entry}_{len(sources)}"))
+    gemm = get_template("conv2d_NCHWc_1x1.x86")
+    wl = Workload(template=gemm.name, args=WORKLOADS["res5.1x1"].args)
+    for vec, io in ((16, IOLayout(64, 64)), (1, IOLayout())):
+        knobs = {**gemm.decode(wl, gemm.default_config(wl, DeviceLimits(simd_lanes=16))),
+                 "vec": vec}
+        k = gemm.codegen(wl, gemm.space(wl).to_config(knobs), "cuda", FULL, io,
+                         Prologue(("scale", "shift", "relu")))
+        sources.append(k.source.replace(k.entry, f"{k.entry}_{len(sources)}"))
     b = GraphBuilder()
     pool = b.call("nn.max_pool2d", [b.input("x", (1, 64, 112, 112))], pool_size=(3, 3),
                   strides=(2, 2), padding=(1, 1, 1, 1))

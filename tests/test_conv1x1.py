@@ -9,7 +9,10 @@ not multiples of the blocks, register blocks that do not divide the pixels, ever
 width, capped unrolls, both grid orders, spare work-items, fused epilogues, with the
 data, output and residual each plain or blocked; ResNet-50's 1x1 layers at the default
 config. A build takes the template where its record is faster and chains it to direct
-layers in blocked layouts, equal to the graph interpreter.
+layers in blocked layouts, equal to the graph interpreter. A prologue (per-input-channel
+scale, shift, relu on the data load) equals numpy in every layout and vector width; a
+build runs DenseNet's pre-activation chains in the 1x1 convs that read them, scales
+moved into the weights where positive, and equals the interpreter.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 import pytest
 from conftest import next_block_prefetch, run_blocked
 
-from compiler.build_module import build, select_layers
+from compiler.build_module import build, plan_prologues, select_layers
 from compiler.ir import GraphBuilder, evaluate
 from compiler.passes import optimize
 from compiler.records import THIS_DEVICE, MemorySource
@@ -35,6 +38,7 @@ from compiler.templates import (
     ConfigError,
     Epilogue,
     IOLayout,
+    Prologue,
     WorkloadError,
     get_template,
 )
@@ -368,3 +372,108 @@ def test_build_takes_the_1x1_template_where_it_measured_faster_and_chains_layout
     assert len(blocked) >= 3, [s.kernel.buffers[0].shape for s in steps.values()]
     got = module.run([xs])[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+# ---- the prologue: ops on the data load ----
+
+PRE_ACTIVATION = Prologue(("scale", "shift", "relu"))
+
+
+def test_prologue_ops_are_checked_and_only_templates_that_apply_one_take_it() -> None:
+    with pytest.raises(ValueError, match="not one of scale, shift, relu"):
+        Prologue(("scale", "clip"))
+    with pytest.raises(ValueError, match="once"):
+        Prologue(("shift", "relu", "shift"))
+    wl = workload(1, 16, 8, 8, 16)
+    assert [b.name for b in TEMPLATE.codegen(wl, config(wl), "opencl", FULL, IOLayout(),
+                                             PRE_ACTIVATION).buffers] == [
+        "data", "weight", "bias", "residual", "pro_scale", "pro_shift", "out"]
+    gemm = get_template("conv2d_NCHWc_gemm.x86")  # its padded taps read a block of zeros
+    gemm_wl = Workload(template=gemm.name, args=wl.args)
+    with pytest.raises(ValueError, match="applies no prologue"):
+        gemm.codegen(gemm_wl, gemm.default_config(gemm_wl), "opencl", Epilogue(), None,
+                     Prologue(("relu",)))
+
+
+# every CASES layout (blocked data: the channel a prologue reads is the block's plus the
+# step's) under the pre-activation, and other orders on a few
+PROLOGUE_CASES = [(case, PRE_ACTIVATION) for case in range(len(CASES))] + [
+    (1, Prologue(("shift", "relu"))), (3, Prologue(("relu", "scale"))),
+    (5, Prologue(("shift", "scale"))), (8, Prologue(("scale",)))]
+
+
+@pytest.mark.parametrize("case, prologue", PROLOGUE_CASES)
+def test_prologue_kernels_match_numpy(device: Device, case: int, prologue: Prologue) -> None:
+    wl, knobs, epilogue, io = CASES[case]
+    got, want = run_blocked(device, TEMPLATE, wl, config(wl, **knobs), epilogue, io, prologue)
+    ok, why = max_abs_error_ok(got, want, CHECK)
+    assert ok, f"{knobs} {prologue.ops} {io}: {why}"
+
+
+def pre_activation_graph(rng: np.random.Generator):  # type: ignore[no-untyped-def]
+    """A DenseNet-style block: cat = [relu(conv3x3 x), conv1x1 x]; four pre-activation
+    chains on cat: batch-norm + relu (positive scales) before a 1x1 conv with its own
+    batch-norm + relu after; scale (some negative), shift, relu before a 1x1 conv; a
+    shift + relu read by a 3x3 conv and as a graph output; batch-norm + relu before a
+    padded 3x3 conv (the direct template)."""
+    b = GraphBuilder()
+
+    def w(*shape: int, lo: float = -0.3, hi: float = 0.3):  # type: ignore[no-untyped-def]
+        return b.const(rng.uniform(lo, hi, shape).astype(np.float32))
+
+    def bn(x, channels: int):  # type: ignore[no-untyped-def]
+        return b.call("nn.batch_norm", [x, w(channels, lo=0.1, hi=1.0), w(channels),
+                                        w(channels), w(channels, lo=0.5, hi=1.5)])
+
+    x = b.input("x", (1, 16, 10, 10))
+    a = b.call("nn.relu", [b.call("nn.conv2d", [x, w(16, 16, 3, 3)], "a", padding=(1,) * 4)])
+    cat = b.call("concatenate", [a, b.call("nn.conv2d", [x, w(8, 16, 1, 1)], "b")], axis=1)
+    pre1 = b.call("nn.relu", [bn(cat, 24)])
+    c = b.call("nn.relu", [bn(b.call("nn.conv2d", [pre1, w(32, 24, 1, 1)], "c"), 32)])
+    pre2 = b.call("nn.relu", [b.call("add", [b.call("multiply", [cat, w(24, 1, 1, lo=-1, hi=1)]),
+                                            w(24, 1, 1)])])
+    d = b.call("nn.conv2d", [pre2, w(16, 24, 1, 1)], "d")
+    pre3 = b.call("nn.relu", [b.call("add", [cat, w(24, 1, 1)])])
+    e = b.call("nn.conv2d", [pre3, w(8, 24, 3, 3)], "e", padding=(1,) * 4)
+    f = b.call("nn.conv2d", [b.call("nn.relu", [bn(cat, 24)]), w(8, 24, 3, 3)], "f",
+               padding=(1,) * 4)
+    return optimize(b.finish([c, d, e, pre3, f]))
+
+
+def prefer_1x1(graph) -> MemorySource:  # type: ignore[no-untyped-def]
+    """Records that make every 1x1 layer take this template's default, the rest the
+    direct one's (untuned, a device of 8 lanes keeps the direct template on 1x1 layers)."""
+    records = []
+    for node in graph.ops():
+        found = {w.template: w for w in candidates(node, CPU)}
+        if CONV_CPU in found:
+            direct = found[CONV_CPU]
+            records.append(record(direct, get_template(CONV_CPU).default_config(direct), 2e-3))
+        if CONV1X1_CPU in found:
+            records.append(record(found[CONV1X1_CPU], config(found[CONV1X1_CPU]), 1e-3))
+    return MemorySource(records)
+
+
+def test_build_runs_pre_activations_in_the_1x1_convs_that_read_them(device: Device) -> None:
+    rng = np.random.default_rng(11)
+    graph = pre_activation_graph(rng)
+    records = prefer_1x1(graph)
+    plan, _, _ = select_layers(graph, device.target, records, device.limits)
+    folds = {node.name: fold for node, fold in plan_prologues(graph, plan).items()}
+    # positive scales go into c's and f's weights; d's some negative keep theirs; e's
+    # chain is also a graph output
+    assert sorted(folds) == ["c", "d", "f"]
+    assert {node.name: choice.workload.template for node, choice in plan.items()}["f"] \
+        == CONV_CPU
+    assert folds["c"].prologue.ops == ("shift", "relu") and folds["c"].weight_scale is not None
+    assert folds["d"].prologue.ops == ("scale", "shift", "relu")
+    assert folds["d"].weight_scale is None
+    xs = rng.uniform(-1, 1, (1, 16, 10, 10)).astype(np.float32)
+    want = evaluate(graph, [xs])
+    for fold, chains in ((True, 1), (False, 4)):
+        module = build(graph, target=str(device.target), records=records, optimized=True,
+                       device=device, fold_prologues=fold)
+        names = [s.name.split()[0] for s in module.program.steps]
+        assert names.count("fused.elementwise") == chains, names
+        for got, ref in zip(module.run([xs]), want):
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))

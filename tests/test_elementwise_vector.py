@@ -163,9 +163,11 @@ def test_chain_written_blocked(device: Device, block: int) -> None:
 
 
 def test_pre_activation_chain_feeds_its_conv_blocked(device: Device) -> None:
-    """A build writes a chain read only by CPU convolutions in their data block (the
-    layout transform fused into the chain); the model still equals numpy, and with
-    ``blocked_layout=False`` nothing is blocked."""
+    """A build that runs the chain as its own kernel (``fold_prologues=False``; a chain
+    read by several convs cannot fold) writes a chain read only by CPU convolutions in
+    their data block (the layout transform fused into the chain); the model still equals
+    numpy, and with ``blocked_layout=False`` nothing is blocked. By default the conv
+    applies the chain on its load: no chain step."""
     b = GraphBuilder()
     x = b.input("x", (1, 32, 8, 8))
     act = pre_activation_of(b, x)
@@ -175,12 +177,15 @@ def test_pre_activation_chain_feeds_its_conv_blocked(device: Device) -> None:
     feeds = {"x": RNG.uniform(-1, 1, (1, 32, 8, 8)).astype(np.float32)}
     (want,) = evaluate(graph, feeds)
     for blocked in (True, False):
-        module = build(graph, device=device, blocked_layout=blocked)
+        module = build(graph, device=device, blocked_layout=blocked, fold_prologues=False)
         chains = [s for s in module.program.steps if s.name.startswith("fused.elementwise")]
         assert len(chains) == 1
         stored = module.program.blocks.get(chains[0].args[-1], 0)
         assert stored == (16 if blocked else 0)
         np.testing.assert_allclose(module.run(feeds)[0], want, rtol=1e-4, atol=1e-5)
+    module = build(graph, device=device)
+    assert not [s for s in module.program.steps if s.name.startswith("fused.elementwise")]
+    np.testing.assert_allclose(module.run(feeds)[0], want, rtol=1e-4, atol=1e-5)
 
 
 def test_lower_refuses_blocked_output_it_cannot_write() -> None:

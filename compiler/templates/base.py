@@ -174,6 +174,76 @@ class Epilogue:
         return out.astype(np.int32)
 
 
+PROLOGUE_OPS = ("scale", "shift", "relu")
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """Per-input-channel ops applied to the data as a conv loads it, in order: ``scale``
+    multiplies by a vector of the input's channels (buffer ``pro_scale``), ``shift``
+    adds one (``pro_shift``), ``relu`` clamps at 0. DenseNet's pre-activation
+    batch-norm + ReLU on the concatenated feature map before each 1x1 conv: folded into
+    the conv's load, the map is read as it lies and no element-wise pass writes a copy.
+    A padded tap is 0 after the prologue, not before: templates that take one
+    (``Template.takes_prologue``) leave such taps out or zero them after it."""
+
+    ops: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for op in self.ops:
+            if op not in PROLOGUE_OPS:
+                raise ValueError(f"prologue op {op!r} is not one of {', '.join(PROLOGUE_OPS)}")
+        if any(self.ops.count(op) > 1 for op in ("scale", "shift")):
+            raise ValueError("prologue: scale and shift may each appear once")
+
+    def buffers(self, channels: int) -> list[Buffer]:
+        """The vectors it reads, in the order a kernel takes them (after the epilogue's)."""
+        return [Buffer(f"pro_{op}", (channels,)) for op in ("scale", "shift") if op in self.ops]
+
+    def c_expr(self, value: str, channel: str) -> str:
+        """The prologue as a C float expression over ``value``, input ``channel``'s."""
+        for op in self.ops:
+            if op == "relu":
+                value = activation_c("relu", (), value)
+            else:
+                value = f"({value} {'*' if op == 'scale' else '+'} pro_{op}[{channel}])"
+        return value
+
+    def c_vector(self, value: str, channel: str, lanes: int) -> str:
+        """The prologue over ``value``, a ``VEC_T(lanes)`` of input ``channel``'s (the
+        prelude's macros): a scale and the shift after it one VFMA. Why vectors: PoCL
+        ran a 1x1 GEMM whose scalar loads took scale, shift and relu before their
+        broadcast 3.5-4x slower than without (scale or shift + relu alone: no slower);
+        on the broadcast vectors, 1.1-1.2x (bench/prologue.py)."""
+        def bcast(x: str) -> str:
+            return f"VBCAST({lanes}, {x})"
+
+        ops = list(self.ops)
+        while ops:
+            op = ops.pop(0)
+            if op == "relu":
+                value = f"VMAX({value}, {bcast('0.0f')})"
+            elif op == "shift":
+                value = f"VADD({value}, {bcast('pro_shift[' + channel + ']')})"
+            else:
+                shift = bcast("0.0f")
+                if ops[:1] == ["shift"]:
+                    shift = bcast(f"pro_shift[{channel}]")
+                    ops.pop(0)
+                value = f"VFMA({value}, {bcast('pro_scale[' + channel + ']')}, {shift})"
+        return value
+
+    def apply(self, data: np.ndarray, vectors: dict[str, np.ndarray]) -> np.ndarray:
+        """numpy's prologue on NCHW ``data``; ``vectors`` by buffer name."""
+        for op in self.ops:
+            if op == "relu":
+                data = np.maximum(data, 0)
+            else:
+                v = vectors[f"pro_{op}"].astype(np.float32).reshape(1, -1, 1, 1)
+                data = data * v if op == "scale" else data + v
+        return data.astype(np.float32)
+
+
 # The channel block a trial feeds a ``blocked_io`` template's data in: what the layer
 # before writes in a model build (its oc_bn; the 16-lane defaults write 16, 32 or 64)
 MEASURE_DATA_BLOCK = 16
@@ -287,6 +357,9 @@ class Template(ABC):
     # Templates whose kernel can read its data and residual and write its output in
     # NCHW[b]c (``IOLayout``) set this; their ``_codegen`` takes an ``io`` argument.
     blocked_io: bool = False
+    # Templates that apply a ``Prologue`` on their data load set this; their
+    # ``_codegen`` takes a ``prologue`` argument (and an ``io`` one).
+    takes_prologue: bool = False
 
     def space(self, workload: Workload) -> ConfigSpace:
         return _space_of(self, workload)
@@ -458,9 +531,11 @@ class Template(ABC):
     def _codegen(self, op: Any, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel: ...
 
     def codegen(self, workload: Workload, config: Config, dialect: str = "opencl",
-                epilogue: Epilogue = Epilogue(), io: IOLayout | None = None) -> Kernel:
+                epilogue: Epilogue = Epilogue(), io: IOLayout | None = None,
+                prologue: Prologue = Prologue()) -> Kernel:
         """The kernel of ``config``; ``io`` asks for blocked activations (templates with
-        ``blocked_io`` only; plain NCHW when omitted)."""
+        ``blocked_io`` only; plain NCHW when omitted), ``prologue`` for ops on the data
+        load (templates with ``takes_prologue`` only)."""
         if dialect not in DIALECTS:
             raise ValueError(f"dialect {dialect!r} is not one of {', '.join(DIALECTS)}")
         if io is not None and not self.blocked_io and not io.plain:
@@ -468,7 +543,12 @@ class Template(ABC):
                              f"generate a kernel for {io}")
         op = self.parse(workload)
         knobs = self.decode(workload, config)
-        if io is not None and self.blocked_io:
+        if prologue.ops:
+            if not self.takes_prologue:
+                raise ValueError(f"{self.name} applies no prologue on its data load")
+            kernel = self._codegen(op, knobs, epilogue,  # type: ignore[call-arg]
+                                   io=io or IOLayout(), prologue=prologue)
+        elif io is not None and self.blocked_io:
             kernel = self._codegen(op, knobs, epilogue, io=io)  # type: ignore[call-arg]
         else:
             kernel = self._codegen(op, knobs, epilogue)

@@ -24,7 +24,7 @@ code generation) each get their own copy of the reduction with x0 written in, kw
 and the taps that read padding left out, so no load is checked or masked; the other
 blocks share one copy without checks. Rows outside the image are skipped per kh step
 (masked to zero when a work-item holds tile_oh = 2 rows). Fused epilogues apply at the
-store. Local size (wg, 1, 1) along the x blocks. Where the weight is 1 MB or more (a model
+store, a prologue (``Prologue``: DenseNet's pre-activation) on each loaded input value. Local size (wg, 1, 1) along the x blocks. Where the weight is 1 MB or more (a model
 reads it from memory, not from the caches a trial leaves it in), the work-items of an
 output-channel block but its first prefetch the next block's weight, a slice each
 (``compiler.templates.prefetch``). The same body compiles as CUDA C through
@@ -70,6 +70,7 @@ from compiler.templates.base import (
     Epilogue,
     IOLayout,
     Kernel,
+    Prologue,
     Rule,
     Template,
     Usage,
@@ -172,6 +173,7 @@ class Conv2dNCHWc(Template):
     thread_word, thread_one, group_word = "work-items", "work-item", "group"
     packs_weight = True
     blocked_io = True
+    takes_prologue = True  # padded taps are left out, masked rows zeroed after it
 
     def parse(self, workload: Workload) -> Conv2dOp:
         args = workload.args
@@ -325,12 +327,12 @@ class Conv2dNCHWc(Template):
         return feats
 
     def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue,
-                 io: IOLayout = IOLayout()) -> Kernel:
+                 io: IOLayout = IOLayout(), prologue: Prologue = Prologue()) -> Kernel:
         p = _Plan(op, knobs)
         buffers, extra = blocked_io_buffers(
             op, epilogue, io, (p.kb, p.cb, op.kh, op.kw, p.ic_bn, p.oc_bn),
-            (_vec_rule(p), _unroll_rule(p)))
-        source = _Source(op, p, epilogue, [b.name for b in extra], io).lines()
+            (_vec_rule(p), _unroll_rule(p)), prologue)
+        source = _Source(op, p, epilogue, [b.name for b in extra], io, prologue).lines()
         return Kernel(
             source="\n".join(source) + "\n",
             entry=ENTRY,
@@ -362,11 +364,13 @@ def _with_opencl_defaults(space: ConfigSpace, config: Config) -> Config:
 
 
 def blocked_io_buffers(op: Conv2dOp, epilogue: Epilogue, io: IOLayout,
-                       weight_shape: tuple[int, ...], rules: Iterable[Rule]
+                       weight_shape: tuple[int, ...], rules: Iterable[Rule],
+                       prologue: Prologue = Prologue()
                        ) -> tuple[tuple[Buffer, ...], list[Buffer]]:
     """The buffers every blocked-IO CPU conv kernel takes (data, packed weight, the
-    epilogue's, out: the layouts they chain in), after the config's codegen rules:
-    (buffers, the epilogue's buffers). Raises ConfigError for a rule the config breaks."""
+    epilogue's, the prologue's, out: the layouts they chain in), after the config's
+    codegen rules: (buffers, the epilogue's and prologue's buffers). Raises ConfigError
+    for a rule the config breaks."""
     for rule in rules:
         if not rule.ok:
             raise ConfigError(rule.message_at(0))
@@ -375,7 +379,7 @@ def blocked_io_buffers(op: Conv2dOp, epilogue: Epilogue, io: IOLayout,
                          f"{epilogue.ops} reads no residual")
     out_shape = op.output_shape
     residual_shape = blocked_shape(out_shape, io.residual_block, "residual")
-    extra = epilogue_buffers(epilogue, out_shape, 1, residual_shape)
+    extra = epilogue_buffers(epilogue, out_shape, 1, residual_shape) + prologue.buffers(op.c)
     buffers = (
         Buffer("data", blocked_shape(op.input_shapes[0], io.data_block, "data")),
         Buffer("weight", weight_shape),
@@ -482,8 +486,9 @@ class _Source:
     """The kernel body, written against the prelude's macros; vec = 1 is plain floats."""
 
     def __init__(self, op: Conv2dOp, p: _Plan, epilogue: Epilogue, extra: list[str],
-                 io: IOLayout = IOLayout()) -> None:
+                 io: IOLayout = IOLayout(), prologue: Prologue = Prologue()) -> None:
         self.op, self.p, self.epilogue, self.extra, self.io = op, p, epilogue, extra, io
+        self.prologue = prologue
 
     # vector helpers: one lane is a plain float (OpenCL has no float1)
     def vtype(self) -> str:
@@ -636,12 +641,17 @@ class _Source:
                      f"GLOBAL const float* wq = wp + ci * {p.oc_bn};"]
             for v in range(p.nvec):
                 inner.append(f"const {self.vtype()} w{v} = {self.vload(v, 'wq')};")
+            channel = f"cb * {p.ic_bn} + ci"  # for the prologue
             for i in range(p.oh_f):
                 for j, col in cols.items():
                     load = f"dp[ro{i} + {col}]"
-                    if row_masked:
-                        load = f"{load} * rm{i}"
-                    inner.append(f"const {self.vtype()} d{i}_{j} = {self.vbcast(load)};")
+                    if row_masked:  # a row outside the image: 0 after the prologue
+                        value = self.vbcast(f"{self.prologue.c_expr(load, channel)} * rm{i}")
+                    elif p.vec > 1:
+                        value = self.prologue.c_vector(self.vbcast(load), channel, p.vec)
+                    else:
+                        value = self.prologue.c_expr(load, channel)
+                    inner.append(f"const {self.vtype()} d{i}_{j} = {value};")
             for i, j, v, name in self.acc_names():
                 if j in cols:
                     inner.append(f"{name} = {self.vfma(f'd{i}_{j}', f'w{v}', name)};")

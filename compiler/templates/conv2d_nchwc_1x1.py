@@ -59,6 +59,7 @@ from compiler.templates.base import (
     Epilogue,
     IOLayout,
     Kernel,
+    Prologue,
     Rule,
     Template,
     Usage,
@@ -134,6 +135,7 @@ class Conv2dNCHWc1x1(Template):
     thread_word, thread_one, group_word = "work-items", "work-item", "group"
     packs_weight = True
     blocked_io = True
+    takes_prologue = True
     entry = ENTRY
 
     def parse(self, workload: Workload) -> Conv2dOp:
@@ -190,8 +192,8 @@ class Conv2dNCHWc1x1(Template):
         return (p.kb, op.c, p.oc_bn)
 
     def _source(self, op: Conv2dOp, p: GemmPlan, epilogue: Epilogue, extra: list[str],
-                io: IOLayout) -> GemmSource:
-        return GemmSource(op, p, epilogue, extra, io, self.entry)
+                io: IOLayout, prologue: Prologue) -> GemmSource:
+        return GemmSource(op, p, epilogue, extra, io, prologue, self.entry)
 
     def _usage(self, op: Conv2dOp, knobs: dict[str, np.ndarray]) -> Usage:
         p = GemmPlan(op, knobs)
@@ -232,11 +234,11 @@ class Conv2dNCHWc1x1(Template):
         return feats
 
     def _codegen(self, op: Conv2dOp, knobs: dict[str, Any], epilogue: Epilogue,
-                 io: IOLayout = IOLayout()) -> Kernel:
+                 io: IOLayout = IOLayout(), prologue: Prologue = Prologue()) -> Kernel:
         p = GemmPlan(op, knobs)
         buffers, extra = blocked_io_buffers(op, epilogue, io, self._weight_shape(op, p),
-                                            gemm_rules(p))
-        source = self._source(op, p, epilogue, [b.name for b in extra], io).lines()
+                                            gemm_rules(p), prologue)
+        source = self._source(op, p, epilogue, [b.name for b in extra], io, prologue).lines()
         return Kernel(
             source="\n".join(source) + "\n",
             entry=self.entry,
@@ -299,9 +301,9 @@ class GemmSource:
     """The kernel body, written against the prelude's macros; vec = 1 is plain floats."""
 
     def __init__(self, op: Conv2dOp, p: GemmPlan, epilogue: Epilogue, extra: list[str],
-                 io: IOLayout, entry: str = ENTRY) -> None:
+                 io: IOLayout, prologue: Prologue = Prologue(), entry: str = ENTRY) -> None:
         self.op, self.p, self.epilogue, self.extra, self.io = op, p, epilogue, extra, io
-        self.entry = entry
+        self.prologue, self.entry = prologue, entry
         db = io.data_block
         # a step's channels lie in one data block: cap the unroll at what divides it
         self.unroll = math.gcd(p.unroll_ci, db) if db else p.unroll_ci
@@ -396,10 +398,12 @@ class GemmSource:
         """Every input channel into the accumulators: pixel t's channel 0 at ``at[t]``
         (pointer, offset), the oc block's packed weights [C][oc_bn] from ``weights``.
         ``masks``: pixel t's value where ``v{t}``, else 0 (it reads padding). ``moves``:
-        what each pointer moves on by from one data block to the next (default: a block)."""
+        what each pointer moves on by from one data block to the next (default: a block).
+        The prologue applies to each loaded value (a masked one stays 0)."""
         op, p, db = self.op, self.p, self.io.data_block
         cs = 1 if db else op.h * op.w  # floats between neighbouring channels of one block
         block = db or op.c  # channels a run of the step loop walks
+        runs = op.c // block
         u = self.unroll
         step: list[str] = []
         for s in range(u):
@@ -407,16 +411,22 @@ class GemmSource:
             inner = [f"GLOBAL const float* wq = wc + ({c}) * {p.oc_bn};"]
             inner += [f"const {self.vtype()} w{v} = {self.vload(v, 'wq')};"
                       for v in range(p.nvec)]
+            channel = f"cb * {block} + {c}" if runs > 1 else c
             for t in range(p.tp):
                 ptr, off = at[t]
                 index = (c if cs == 1 else f"({c}) * {cs}") + (f" + {off}" if off else "")
-                value = f"(v{t} ? {ptr}[{index}] : 0.0f)" if masks else f"{ptr}[{index}]"
-                inner.append(f"const {self.vtype()} d{t} = {self.vbcast(value)};")
+                load = f"{ptr}[{index}]"
+                if masks:  # the prologue on what is read: padding stays 0
+                    value = self.vbcast(f"(v{t} ? {self.prologue.c_expr(load, channel)} : 0.0f)")
+                elif p.vec > 1:
+                    value = self.prologue.c_vector(self.vbcast(load), channel, p.vec)
+                else:
+                    value = self.prologue.c_expr(load, channel)
+                inner.append(f"const {self.vtype()} d{t} = {value};")
             inner += [f"{name} = " + (f"d{t} * w{v} + {name};" if p.vec == 1
                                       else f"VFMA(d{t}, w{v}, {name});")
                       for t, v, name in self.accs()]
             step += ["{", *indent(inner), "}"]
-        runs = op.c // block
         ptrs = list(dict.fromkeys(ptr for ptr, _ in at.values()))
         slices = self.prefetch_slices()
         if slices:

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler.templates.base import Epilogue, IOLayout, log2
+from compiler.templates.base import Epilogue, IOLayout, Prologue, log2
 from compiler.templates.conv2d_nchwc import TEMPLATE as DIRECT
 from compiler.templates.conv2d_nchwc_1x1 import (
     Conv2dNCHWc1x1,
@@ -51,6 +51,8 @@ ENTRY = "conv2d_nchwc_gemm_kernel"
 class Conv2dNCHWcGemm(Conv2dNCHWc1x1):
     name = "conv2d_NCHWc_gemm.x86"
     entry = ENTRY
+    # blocked padded taps read a block of zeros the prologue would not leave at 0
+    takes_prologue = False
 
     def parse(self, workload: Workload) -> Conv2dOp:
         """conv2d_NCHWc.x86's eight args, any window."""
@@ -83,8 +85,8 @@ class Conv2dNCHWcGemm(Conv2dNCHWc1x1):
         return (_weight_floats(op) + op.c,)
 
     def _source(self, op: Conv2dOp, p: GemmPlan, epilogue: Epilogue, extra: list[str],
-                io: IOLayout) -> GemmSource:
-        return _TapSource(op, p, epilogue, extra, io, self.entry)
+                io: IOLayout, prologue: Prologue) -> GemmSource:
+        return _TapSource(op, p, epilogue, extra, io, prologue, self.entry)
 
 
 def _inner_pixels(op: Conv2dOp) -> int:
