@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler.templates import get_template
+from compiler.templates import Prologue, get_template
 from compiler.templates.ops import Conv2dOp
 from schemas import MeasureErrorNo, MeasureResult, Record
 
@@ -168,14 +168,14 @@ def checked_launch(device: Any, workload: Any, config: Any, io: Any) -> Callable
     return lambda: device.launch(program, kernel, args)
 
 
-def checked_kernel(device: Any, workload: Any, config: Any, io: Any, prologue: Any = None
-                   ) -> tuple[Any, Any, list[Any]]:
+def checked_kernel(device: Any, workload: Any, config: Any, io: Any,
+                   prologue: Prologue | None = None) -> tuple[Any, Any, list[Any]]:
     """``config``'s kernel built on ``device`` with activations in ``io``'s layout (and
     ``prologue`` on its data load: scales in [0.5, 1.5), shifts in [-0.5, 0.5)), run
     once on seeded operands and its output checked against numpy (SystemExit if it
     differs): (program, kernel, its buffers), for ``device.launch`` or ``device.time``."""
     from compiler.runtime.measure import max_abs_error_ok
-    from compiler.templates import Epilogue, Prologue
+    from compiler.templates import Epilogue
     from compiler.templates.base import from_blocked, to_blocked
     from schemas import MeasureOptions
 
@@ -183,9 +183,9 @@ def checked_kernel(device: Any, workload: Any, config: Any, io: Any, prologue: A
     rng = np.random.default_rng(0)
     arrays = template.make_inputs(workload, Epilogue(), rng)
     prologue = prologue or Prologue()
-    vectors = {b.name: rng.uniform(*((0.5, 1.5) if b.name == "pro_scale" else (-0.5, 0.5)),
-                                   b.shape).astype(np.float32)
-               for b in prologue.buffers(arrays[0].shape[1])}
+    vectors = {op: rng.uniform(*((0.5, 1.5) if op == "scale" else (-0.5, 0.5)),
+                               arrays[0].shape[1]).astype(np.float32)
+               for op in prologue.vector_ops}
     kernel = template.codegen(workload, config, device.dialect, Epilogue(), io, prologue)
     program = device.build(kernel)
     args = [device.upload(np.ascontiguousarray(to_blocked(arrays[0], io.data_block))),

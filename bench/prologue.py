@@ -10,7 +10,7 @@ default config, alternating, each kernel checked against numpy first:
 - scale+shift+relu: plain with the whole pre-activation, on the broadcast vectors
   (``Prologue.c_vector``);
 - scalar: the same on each float before its broadcast (``Prologue.c_expr``), the form
-  ``c_vector`` replaced.
+  ``Prologue.load`` replaced.
 
 Times are each kernel's minimum over ``--rounds`` of ``device.time`` (``--number``
 launches); ratios over plain.
@@ -21,6 +21,7 @@ launches); ratios over plain.
 from __future__ import annotations
 
 import argparse
+from contextlib import nullcontext
 from typing import Any
 from unittest import mock
 
@@ -37,10 +38,9 @@ SHAPES = ((64, 56), (160, 56), (256, 56), (128, 28), (320, 28), (512, 28),
 PRE = ("scale", "shift", "relu")
 
 
-def scalar(self: Prologue, value: str, channel: str, lanes: int) -> str:
-    """``c_vector`` replaced by ``c_expr`` on the float before its broadcast."""
-    loaded = value[len(f"VBCAST({lanes}, "):-1]
-    return f"VBCAST({lanes}, {self.c_expr(loaded, channel)})"
+def scalar(self: Prologue, value: str, channel: str, lanes: int, factor: str = "") -> str:
+    """``Prologue.load`` on the float before its broadcast (``c_expr``)."""
+    return f"VBCAST({lanes}, {self.c_expr(value, channel)})"
 
 
 def main() -> None:
@@ -66,9 +66,7 @@ def main() -> None:
         config = template.default_config(wl, DeviceLimits(simd_lanes=16))
         built: dict[str, Any] = {}
         for kind, (io, ops, as_floats) in kinds.items():
-            patch = mock.patch.object(Prologue, "c_vector", scalar) if as_floats \
-                else mock.patch.object(Prologue, "c_vector", Prologue.c_vector)
-            with patch:
+            with mock.patch.object(Prologue, "load", scalar) if as_floats else nullcontext():
                 built[kind] = checked_kernel(device, wl, config, io, Prologue(ops))
         best = {kind: float("inf") for kind in kinds}
         for r in range(opts.rounds):

@@ -2,9 +2,11 @@
 
 The pipeline: import (ONNX) -> optimize (fold constants and batch-norm, fuse epilogues)
 -> extract tasks -> pick each task's config (records fallback chain) -> plan the
-physical layout of every value (blocked NCHW[x]c between CPU-template convolutions) ->
-lower every op to a kernel (templates for conv2d/dense, plain kernels for the rest) ->
-plan buffers and build the kernels in a graph executor.
+physical layout of every value (blocked NCHW[x]c between CPU-template convolutions),
+the concatenations written in place and the element-wise chains run in the load of the
+conv that reads them (prologues) -> lower every op to a kernel (templates for
+conv2d/dense, plain kernels for the rest) -> plan buffers and build the kernels in a
+graph executor.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ from compiler.templates.base import simd_lanes
 from schemas import DeviceLimits, Target
 
 log = logging.getLogger(__name__)
+
+# The smallest prologue scale moved into a conv's weight (``_scale_into_weight``)
+MIN_MOVED_SCALE = 1e-12
 
 Model = Graph | str | os.PathLike[str] | Any  # a Graph, an .onnx path or an onnx.ModelProto
 
@@ -254,8 +259,9 @@ def plan_layouts(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, int]:
     for node, block in list(layouts.items()):
         # its pools (a graph output, None, never reaches here: it takes no block)
         layouts.update({u: block for u in users[node] if u is not None and u not in blocked})
-    # DenseNet's pre-activation scale/shift/relu before each 1x1 conv: the layout
-    # transform then costs no pass of its own
+    # DenseNet's pre-activation scale/shift/relu before each 1x1 conv, where it does not
+    # run in the conv's load (``plan_prologues``): the layout transform then costs no
+    # pass of its own
     live = graph.live()
     for node in graph.nodes:
         readers = users.get(node, [])
@@ -274,7 +280,7 @@ class Fold:
 
     chain: Node  # the fused.elementwise that runs no kernel
     prologue: Prologue
-    vectors: tuple[np.ndarray, ...]  # its scale and shift as the kernel takes them
+    vectors: dict[str, np.ndarray]  # per ``prologue.vector_ops`` op, one per channel
     weight_scale: np.ndarray | None = None  # per input channel, into the conv's weight
 
     @property
@@ -308,31 +314,26 @@ def _as_prologue(node: Node) -> Fold | None:
             return None
         ops.append(name)
         vectors[name] = value
-    prologue = Prologue(tuple(ops))
-    return Fold(node, prologue, tuple(vectors[b.name[4:]] for b in
-                                      prologue.buffers(node.ty.shape[1])))
+    return Fold(node, Prologue(tuple(ops)), vectors)
 
 
 def _scale_into_weight(fold: Fold) -> Fold:
     """A positive scale moved into the conv's weight: relu(s * x + h) is
     s * relu(x + h / s) for s > 0, and W (s * y) is (W s) y; the shifts after it divided
-    by s. Why: the prologue's scale is a multiply on the FMA pipes the GEMM keeps busy,
-    its shift and relu run on the add pipes beside them (a Zen 5 core: a 1x1 GEMM with
-    shift + relu on its load as fast as without a prologue, with the scale too 1.2-1.3x
-    slower; bench/prologue.py)."""
+    by s (not where some s is below ``MIN_MOVED_SCALE``: h / s could overflow, W s
+    underflow). Why: the scale is a multiply on the FMA pipes the GEMM keeps busy, a shift and
+    relu can run on the add pipes beside them (a Zen 5 VM, DenseNet-121's 1x1 shapes on
+    the 1x1 template: shift + relu on the load 0.97-1.21x the time without a prologue,
+    with the scale too 1.14-1.42x; bench/prologue.py)."""
     ops = fold.prologue.ops
-    if "scale" not in ops:
+    if "scale" not in ops or not np.all(fold.vectors["scale"] >= MIN_MOVED_SCALE):
         return fold
-    vectors = dict(zip((b.name for b in fold.prologue.buffers(len(fold.vectors[0]))),
-                       fold.vectors))
-    scale = vectors["pro_scale"]
-    if not np.all(scale > 0):
-        return fold
-    prologue = Prologue(tuple(op for op in ops if op != "scale"))
+    vectors = dict(fold.vectors)
+    scale = vectors.pop("scale")
     if "shift" in ops and ops.index("shift") > ops.index("scale"):
-        vectors["pro_shift"] = (vectors["pro_shift"] / scale).astype(np.float32)
-    kept = tuple(vectors[b.name] for b in prologue.buffers(len(scale)))
-    return Fold(fold.chain, prologue, kept, scale)
+        vectors["shift"] = (vectors["shift"] / scale).astype(np.float32)
+    return Fold(fold.chain, Prologue(tuple(op for op in ops if op != "scale")), vectors,
+                scale)
 
 
 def plan_prologues(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, Fold]:
@@ -346,12 +347,12 @@ def plan_prologues(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, Fold
     folds: dict[Node, Fold] = {}
     for node, choice in plan.items():
         chain = node.inputs[0]
-        if not get_template(choice.workload.template).takes_prologue \
-                or users.get(chain) != [node]:  # one read, as the data
+        template = get_template(choice.workload.template)
+        if not template.takes_prologue or users.get(chain) != [node]:  # one read, as data
             continue
         fold = _as_prologue(chain)
-        if fold is not None:
-            folds[node] = _scale_into_weight(fold)
+        if fold is not None:  # the weight a template packs is the one it can scale
+            folds[node] = _scale_into_weight(fold) if template.packs_weight else fold
     return folds
 
 
@@ -460,7 +461,8 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
         return ids[node]
 
     def constant(array: np.ndarray) -> int:
-        """A new value holding ``array``: a step's own constant (a packed weight)."""
+        """A new value holding ``array``: a step's own constant (a packed weight, a
+        prologue's vector)."""
         program.values.append(TensorType(array.shape, str(array.dtype)))
         program.constants[len(program.values) - 1] = np.ascontiguousarray(array)
         return len(program.values) - 1
@@ -516,7 +518,7 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
                 packed = template.pack_weight(workload, choice.config, weight)
                 args = (args[0], constant(packed.astype(kernel.buffers[1].dtype)), *args[2:])
             if fold:
-                args += tuple(constant(v) for v in fold.vectors)
+                args += tuple(constant(fold.vectors[op]) for op in fold.prologue.vector_ops)
         else:
             kernel = lower_plain(node, dialect, out_block=layouts.get(node, 0))
             if node in layouts:

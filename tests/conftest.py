@@ -174,9 +174,8 @@ def run_blocked(device: Device, template: Template, wl: Workload, cfg: Config,
     rng = np.random.default_rng(5)
     arrays = template.make_inputs(wl, epilogue, rng)
     channels = arrays[0].shape[1]
-    vectors = {b.name: rng.uniform(-0.5, 1.5, channels).astype(np.float32) if b.name ==
-               "pro_scale" else rng.uniform(-0.5, 0.5, channels).astype(np.float32)
-               for b in prologue.buffers(channels)}
+    vectors = {op: rng.uniform(*((-0.5, 1.5) if op == "scale" else (-0.5, 0.5)),
+                               channels).astype(np.float32) for op in prologue.vector_ops}
     want = template.reference(wl, [prologue.apply(arrays[0], vectors), *arrays[1:]], epilogue)
     kernel = template.codegen(wl, cfg, device.dialect, epilogue, io, prologue)
     inputs = [to_blocked(arrays[0], io.data_block), template.pack_weight(wl, cfg, arrays[1])]

@@ -245,7 +245,8 @@ def test_prologue_on_the_direct_template_matches_numpy(device: Device) -> None:
 @needs_nvcc
 def test_blocked_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
     """The vector stores and vector epilogue through the CUDA prelude; the blocked
-    max-pool; the 1x1 GEMM's prologue on vectors (blocked data) and on floats (plain)."""
+    max-pool; the 1x1 GEMM's and the direct template's prologues on vectors and floats
+    (the direct one's rows masked)."""
     sources = []
     for name in ("res2.3x3", "res5.1x1"):
         for i, (config, io) in enumerate(cases(name)[:3]):
@@ -253,11 +254,16 @@ def test_blocked_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
             sources.append(k.source.replace(k.entry, f"{k.entry}_{len(sources)}"))
     gemm = get_template("conv2d_NCHWc_1x1.x86")
     wl = Workload(template=gemm.name, args=WORKLOADS["res5.1x1"].args)
+    pre = Prologue(("scale", "shift", "relu"))
     for vec, io in ((16, IOLayout(64, 64)), (1, IOLayout())):
         knobs = {**gemm.decode(wl, gemm.default_config(wl, DeviceLimits(simd_lanes=16))),
                  "vec": vec}
-        k = gemm.codegen(wl, gemm.space(wl).to_config(knobs), "cuda", FULL, io,
-                         Prologue(("scale", "shift", "relu")))
+        k = gemm.codegen(wl, gemm.space(wl).to_config(knobs), "cuda", FULL, io, pre)
+        sources.append(k.source.replace(k.entry, f"{k.entry}_{len(sources)}"))
+    padded = nchwc_workload(1, 12, 9, 16, 1, 1, 1)  # the direct template's masked rows
+    for vec in (16, 1):
+        config = nchwc_config(padded, tile_ic=6, tile_oc=16, tile_ow=11, tile_oh=2, vec=vec)
+        k = TEMPLATE.codegen(padded, config, "cuda", FULL, IOLayout(4, 16), pre)
         sources.append(k.source.replace(k.entry, f"{k.entry}_{len(sources)}"))
     b = GraphBuilder()
     pool = b.call("nn.max_pool2d", [b.input("x", (1, 64, 112, 112))], pool_size=(3, 3),

@@ -21,7 +21,14 @@ import numpy as np
 import pytest
 from conftest import next_block_prefetch, run_blocked
 
-from compiler.build_module import build, plan_prologues, select_layers
+from compiler.build_module import (
+    Fold,
+    _as_prologue,
+    _scale_into_weight,
+    build,
+    plan_prologues,
+    select_layers,
+)
 from compiler.ir import GraphBuilder, evaluate
 from compiler.passes import optimize
 from compiler.records import THIS_DEVICE, MemorySource
@@ -411,11 +418,12 @@ def test_prologue_kernels_match_numpy(device: Device, case: int, prologue: Prolo
 
 
 def pre_activation_graph(rng: np.random.Generator):  # type: ignore[no-untyped-def]
-    """A DenseNet-style block: cat = [relu(conv3x3 x), conv1x1 x]; four pre-activation
-    chains on cat: batch-norm + relu (positive scales) before a 1x1 conv with its own
-    batch-norm + relu after; scale (some negative), shift, relu before a 1x1 conv; a
-    shift + relu read by a 3x3 conv and as a graph output; batch-norm + relu before a
-    padded 3x3 conv (the direct template)."""
+    """A DenseNet-style block: cat = [relu(conv3x3 x), conv1x1 x]; pre-activation chains
+    on cat: batch-norm + relu (positive scales) before a 1x1 conv with its own
+    batch-norm + relu after (c); scale (some negative), shift, relu before a 1x1 conv (d);
+    a shift + relu read by a 3x3 conv and as a graph output (e); batch-norm + relu
+    before a padded 3x3 conv, the direct template (f); shift, positive scale, relu
+    before a 1x1 conv (g); a shift + relu read by two 1x1 convs (h1, h2)."""
     b = GraphBuilder()
 
     def w(*shape: int, lo: float = -0.3, hi: float = 0.3):  # type: ignore[no-untyped-def]
@@ -437,7 +445,12 @@ def pre_activation_graph(rng: np.random.Generator):  # type: ignore[no-untyped-d
     e = b.call("nn.conv2d", [pre3, w(8, 24, 3, 3)], "e", padding=(1,) * 4)
     f = b.call("nn.conv2d", [b.call("nn.relu", [bn(cat, 24)]), w(8, 24, 3, 3)], "f",
                padding=(1,) * 4)
-    return optimize(b.finish([c, d, e, pre3, f]))
+    pre5 = b.call("nn.relu", [b.call("multiply", [b.call("add", [cat, w(24, 1, 1)]),
+                                                 w(24, 1, 1, lo=0.5, hi=1.5)])])
+    g = b.call("nn.conv2d", [pre5, w(8, 24, 1, 1)], "g")
+    pre6 = b.call("nn.relu", [b.call("add", [cat, w(24, 1, 1)])])
+    h1, h2 = (b.call("nn.conv2d", [pre6, w(8, 24, 1, 1)], name) for name in ("h1", "h2"))
+    return optimize(b.finish([c, d, e, pre3, f, g, h1, h2]))
 
 
 def prefer_1x1(graph) -> MemorySource:  # type: ignore[no-untyped-def]
@@ -460,9 +473,10 @@ def test_build_runs_pre_activations_in_the_1x1_convs_that_read_them(device: Devi
     records = prefer_1x1(graph)
     plan, _, _ = select_layers(graph, device.target, records, device.limits)
     folds = {node.name: fold for node, fold in plan_prologues(graph, plan).items()}
-    # positive scales go into c's and f's weights; d's some negative keep theirs; e's
-    # chain is also a graph output
-    assert sorted(folds) == ["c", "d", "f"]
+    # positive scales go into c's, f's and g's weights; d's some negative keep theirs;
+    # e's chain is also a graph output, h1's and h2's read by both
+    assert sorted(folds) == ["c", "d", "f", "g"]
+    assert folds["g"].prologue.ops == ("shift", "relu") and folds["g"].weight_scale is not None
     assert {node.name: choice.workload.template for node, choice in plan.items()}["f"] \
         == CONV_CPU
     assert folds["c"].prologue.ops == ("shift", "relu") and folds["c"].weight_scale is not None
@@ -470,10 +484,24 @@ def test_build_runs_pre_activations_in_the_1x1_convs_that_read_them(device: Devi
     assert folds["d"].weight_scale is None
     xs = rng.uniform(-1, 1, (1, 16, 10, 10)).astype(np.float32)
     want = evaluate(graph, [xs])
-    for fold, chains in ((True, 1), (False, 4)):
+    for fold, chains in ((True, 2), (False, 6)):
         module = build(graph, target=str(device.target), records=records, optimized=True,
                        device=device, fold_prologues=fold)
         names = [s.name.split()[0] for s in module.program.steps]
         assert names.count("fused.elementwise") == chains, names
         for got, ref in zip(module.run([xs]), want):
             np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+def test_a_scale_too_small_to_move_stays_in_the_prologue() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 4, 4))
+    scale = np.array([1.0, 1e-13, 2.0], np.float32)
+    chain = b.call("fused.elementwise", [x, b.const(scale.reshape(3, 1, 1)),
+                                         b.const(np.ones((3, 1, 1), np.float32))],
+                   chain=(("multiply", 1, ()), ("add", 2, ()), ("nn.relu", -1, ())))
+    fold = _as_prologue(chain)
+    assert fold is not None and fold.prologue.ops == ("scale", "shift", "relu")
+    assert _scale_into_weight(fold) is fold
+    moved = _scale_into_weight(Fold(chain, fold.prologue, {**fold.vectors, "scale": scale + 1}))
+    np.testing.assert_allclose(moved.vectors["shift"], 1 / (scale + 1), rtol=1e-6)

@@ -12,13 +12,20 @@ import pytest
 from typer.testing import CliRunner
 
 from compiler.build_module import build
-from compiler.hetero import HeteroModule, auto_place, build_hetero, split_segments
+from compiler.hetero import (
+    HeteroModule,
+    auto_place,
+    build_hetero,
+    kernel_op_costs,
+    split_segments,
+)
 from compiler.ir import Graph, GraphBuilder, Node, evaluate, print_graph
 from compiler.passes import optimize
 from compiler.passes.annotate_device import (
     annotate_devices,
     insert_device_copy,
     parse_device_spec,
+    placed_nodes,
     rule_matches,
 )
 from compiler.runtime.device import Device
@@ -332,3 +339,21 @@ def test_values_shared_by_two_segments_of_one_device_and_alias_only_segments(
         reports.append(module.report())
     assert "handed between segments of one device via the host: conv" in reports[0]
     assert "handed between" not in reports[1]
+
+
+def test_op_costs_time_a_chain_its_conv_would_run_in_its_load(device: Device) -> None:
+    """A build runs the scale/shift/relu chain in the 1x1 conv's data load (no step of
+    its own); placement still times every op, the chain included."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 16, 8, 8))
+    rng = np.random.default_rng(2)
+    act = b.call("nn.relu", [b.call("add", [
+        b.call("multiply", [x, b.const(rng.uniform(0.5, 1.5, (16, 1, 1)).astype(np.float32))]),
+        b.const(rng.uniform(-0.5, 0.5, (16, 1, 1)).astype(np.float32))])])
+    conv = b.call("nn.conv2d", [act, b.const(rng.uniform(-1, 1, (8, 16, 1, 1))
+                                             .astype(np.float32))], "conv")
+    graph = optimize(b.finish([conv]))
+    assert len(build(graph, device=device, optimized=True).program.steps) == 1
+    costs = kernel_op_costs(graph, device)
+    assert set(costs) == set(placed_nodes(graph)) and len(costs) == 2
+    assert all(0 < c < float("inf") for c in costs.values())

@@ -167,7 +167,8 @@ def kernel_op_costs(graph: Graph, device: Device, records: RecordSource | None =
         return costs
     try:
         plan, _, _ = select_layers(graph, device.target, records, device.limits)
-        program = lower(graph, plan, device.dialect, blocked_layout=False)
+        # one step per op (no chain run in its conv's load): each op gets its own time
+        program = lower(graph, plan, device.dialect, blocked_layout=False, fold_prologues=False)
         executor = GraphExecutor(program, device)
         times = executor.profile(number=number)
         if len(times) != len(stepped):

@@ -196,9 +196,26 @@ class Prologue:
         if any(self.ops.count(op) > 1 for op in ("scale", "shift")):
             raise ValueError("prologue: scale and shift may each appear once")
 
+    @property
+    def vector_ops(self) -> tuple[str, ...]:
+        """Its ops that read a vector, in the order a kernel takes their buffers."""
+        return tuple(op for op in ("scale", "shift") if op in self.ops)
+
     def buffers(self, channels: int) -> list[Buffer]:
         """The vectors it reads, in the order a kernel takes them (after the epilogue's)."""
-        return [Buffer(f"pro_{op}", (channels,)) for op in ("scale", "shift") if op in self.ops]
+        return [Buffer(f"pro_{op}", (channels,)) for op in self.vector_ops]
+
+    def load(self, value: str, channel: str, lanes: int, factor: str = "") -> str:
+        """A loaded float ``value`` of input ``channel`` through the prologue, as a
+        kernel's ``VEC_T(lanes)`` operand (a float for 1 lane): ``c_vector`` on its
+        broadcast; ``factor`` (a C float, 0 or 1: a row outside the image) multiplies
+        the float after the prologue instead."""
+        if factor:
+            value = f"{self.c_expr(value, channel)} * {factor}"
+            return value if lanes == 1 else f"VBCAST({lanes}, {value})"
+        if lanes == 1:
+            return self.c_expr(value, channel)
+        return self.c_vector(f"VBCAST({lanes}, {value})", channel, lanes)
 
     def c_expr(self, value: str, channel: str) -> str:
         """The prologue as a C float expression over ``value``, input ``channel``'s."""
@@ -211,10 +228,10 @@ class Prologue:
 
     def c_vector(self, value: str, channel: str, lanes: int) -> str:
         """The prologue over ``value``, a ``VEC_T(lanes)`` of input ``channel``'s (the
-        prelude's macros): a scale and the shift after it one VFMA. Why vectors: PoCL
-        ran a 1x1 GEMM whose scalar loads took scale, shift and relu before their
-        broadcast 3.5-4x slower than without (scale or shift + relu alone: no slower);
-        on the broadcast vectors, 1.1-1.2x (bench/prologue.py)."""
+        prelude's macros): a scale and the shift after it one VFMA. Why vectors: with
+        scale, shift and relu on each float before its broadcast PoCL ran the 1x1 GEMM on
+        DenseNet-121's shapes in 2.3-4.3x the time without a prologue, on the broadcast
+        vectors in 1.14-1.42x (a Zen 5 VM, bench/prologue.py)."""
         def bcast(x: str) -> str:
             return f"VBCAST({lanes}, {x})"
 
@@ -234,12 +251,12 @@ class Prologue:
         return value
 
     def apply(self, data: np.ndarray, vectors: dict[str, np.ndarray]) -> np.ndarray:
-        """numpy's prologue on NCHW ``data``; ``vectors`` by buffer name."""
+        """numpy's prologue on NCHW ``data``; ``vectors`` by op (``vector_ops``)."""
         for op in self.ops:
             if op == "relu":
                 data = np.maximum(data, 0)
             else:
-                v = vectors[f"pro_{op}"].astype(np.float32).reshape(1, -1, 1, 1)
+                v = vectors[op].astype(np.float32).reshape(1, -1, 1, 1)
                 data = data * v if op == "scale" else data + v
         return data.astype(np.float32)
 

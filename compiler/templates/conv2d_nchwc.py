@@ -644,13 +644,9 @@ class _Source:
             channel = f"cb * {p.ic_bn} + ci"  # for the prologue
             for i in range(p.oh_f):
                 for j, col in cols.items():
-                    load = f"dp[ro{i} + {col}]"
-                    if row_masked:  # a row outside the image: 0 after the prologue
-                        value = self.vbcast(f"{self.prologue.c_expr(load, channel)} * rm{i}")
-                    elif p.vec > 1:
-                        value = self.prologue.c_vector(self.vbcast(load), channel, p.vec)
-                    else:
-                        value = self.prologue.c_expr(load, channel)
+                    # a row outside the image: 0 after the prologue
+                    value = self.prologue.load(f"dp[ro{i} + {col}]", channel, p.vec,
+                                               f"rm{i}" if row_masked else "")
                     inner.append(f"const {self.vtype()} d{i}_{j} = {value};")
             for i, j, v, name in self.acc_names():
                 if j in cols:

@@ -399,7 +399,7 @@ class GemmSource:
         (pointer, offset), the oc block's packed weights [C][oc_bn] from ``weights``.
         ``masks``: pixel t's value where ``v{t}``, else 0 (it reads padding). ``moves``:
         what each pointer moves on by from one data block to the next (default: a block).
-        The prologue applies to each loaded value (a masked one stays 0)."""
+        The prologue applies to each loaded value."""
         op, p, db = self.op, self.p, self.io.data_block
         cs = 1 if db else op.h * op.w  # floats between neighbouring channels of one block
         block = db or op.c  # channels a run of the step loop walks
@@ -416,12 +416,10 @@ class GemmSource:
                 ptr, off = at[t]
                 index = (c if cs == 1 else f"({c}) * {cs}") + (f" + {off}" if off else "")
                 load = f"{ptr}[{index}]"
-                if masks:  # the prologue on what is read: padding stays 0
-                    value = self.vbcast(f"(v{t} ? {self.prologue.c_expr(load, channel)} : 0.0f)")
-                elif p.vec > 1:
-                    value = self.prologue.c_vector(self.vbcast(load), channel, p.vec)
+                if masks:  # the implicit GEMM's padded taps (it takes no prologue)
+                    value = self.vbcast(f"(v{t} ? {load} : 0.0f)")
                 else:
-                    value = self.prologue.c_expr(load, channel)
+                    value = self.prologue.load(load, channel, p.vec)
                 inner.append(f"const {self.vtype()} d{t} = {value};")
             inner += [f"{name} = " + (f"d{t} * w{v} + {name};" if p.vec == 1
                                       else f"VFMA(d{t}, w{v}, {name});")
