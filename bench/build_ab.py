@@ -6,10 +6,13 @@ steps printed, and the sum of all).
 Switches: ``pool`` (``BLOCKED_POOLS`` emptied: ResNet-50's stem then stores lanes into
 NCHW for its max-pool instead of vectors into its own block), ``prologue``
 (``build(fold_prologues=False)``: DenseNet's pre-activation chains run as their own
-kernels instead of in the 1x1 convs' data loads).
+kernels instead of in the 1x1 convs' data loads), ``pool-first`` (the
+``pool_before_conv`` pass left out: DenseNet's transition convs run on the unpooled
+image, their average pool after them).
 
     .venv/bin/python bench/build_ab.py --switch pool --database-url sqlite:////tmp/r50.db
     .venv/bin/python bench/build_ab.py --switch prologue --models densenet121
+    .venv/bin/python bench/build_ab.py --switch pool-first --models densenet121
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 from common import light_model, print_header, step_minima
 
 import tuner
-from compiler import build_module
+from compiler import build_module, passes
 from compiler.runtime import open_device
 
 # switch -> (label on, label off, the context and build arguments that turn it off)
@@ -33,6 +36,9 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
              lambda: (mock.patch.dict(build_module.BLOCKED_POOLS, clear=True), {})),
     "prologue": ("prologue in the conv", "chain kernels",
                  lambda: (nullcontext(), {"fold_prologues": False})),
+    "pool-first": ("pool before the 1x1 conv", "pool after it",
+                   lambda: (mock.patch.object(passes, "PIPELINE", tuple(
+                       p for p in passes.PIPELINE if p[0] != "pool_before_conv")), {})),
 }
 
 
@@ -63,12 +69,13 @@ def main() -> None:
             for label in list(builds) if r % 2 == 0 else list(builds)[::-1]:
                 runs[label].append(builds[label].benchmark(number=10, repeat=1).mean)
         minima = step_minima(builds, opts.rounds)
+        shown = [s.name for s in builds[on].program.steps[:opts.steps]]
         print(f"\n## {name}\n")
-        print("| build | steps | run ms (median) | all steps ms | "
-              + " | ".join(s.name for s in builds[on].program.steps[:opts.steps]) + " |")
-        print("|---|---:|---:|---:|" + "---:|" * opts.steps)
-        for label in builds:
-            steps = " | ".join(f"{t * 1e3:.3f}" for t in minima[label][:opts.steps])
+        print("| build | steps | run ms (median) | all steps ms | " + " | ".join(shown) + " |")
+        print("|---|---:|---:|---:|" + "---:|" * len(shown))
+        for label in builds:  # the same steps by name ("-": that build has none such)
+            times = {s.name: t for s, t in zip(builds[label].program.steps, minima[label])}
+            steps = " | ".join(f"{times[n] * 1e3:.3f}" if n in times else "-" for n in shown)
             print(f"| {label} | {len(minima[label])} | "
                   f"{statistics.median(runs[label]) * 1e3:.2f} | "
                   f"{sum(minima[label]) * 1e3:.2f} | {steps} |")

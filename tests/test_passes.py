@@ -14,6 +14,7 @@ from compiler.passes import (
     fuse_elementwise,
     fuse_ops,
     optimize,
+    pool_before_conv,
 )
 
 RNG = np.random.default_rng(7)
@@ -284,3 +285,38 @@ def test_out_of_range_axis_is_a_type_error() -> None:
                             ("nn.softmax", [x], {"axis": 4})):
         with pytest.raises(IRError, match="axis .* out of range"):
             b.call(op, args, "bad", **attrs)
+
+
+POOLS = [dict(pool_size=(2, 2), strides=(2, 2)),  # DenseNet's transition
+         dict(pool_size=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1), count_include_pad=True),
+         dict(pool_size=(3, 3), strides=(2, 2), padding=(0, 1, 1, 0), ceil_mode=True)]
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_average_pool_moves_before_the_1x1_conv_it_reads(pool: dict[str, object]) -> None:
+    # DenseNet's transition after batch-norm folding: scale, shift, relu, conv, pool;
+    # padded windows (counted or not) and ceil mode's overhang average the same pixels
+    # for every channel, so they move too
+    b = GraphBuilder()
+    x = b.input("x", (1, 6, 9, 9))
+    bn = b.call("nn.relu", [b.call("nn.batch_norm", [x, *bn_params(b, 6)])])
+    graph = b.finish([b.call("nn.avg_pool2d", [conv(b, bn, 6, 4, k=1)], **pool)])
+    moved = eliminate_dead_code(pool_before_conv(fold_batch_norm(graph)))
+    assert ops(moved)[-2:] == ["nn.avg_pool2d", "nn.conv2d"]
+    same_outputs(graph, moved, rand(1, 6, 9, 9))
+    assert ops(optimize(graph)) == ["fused.elementwise", "nn.avg_pool2d", "nn.conv2d"]
+
+
+def test_average_pool_stays_after_convs_it_does_not_commute_with() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 8, 8))
+    pool = dict(pool_size=(2, 2), strides=(2, 2))
+    convs = [conv(b, x, 4, 4, k=3),  # a window
+             conv(b, x, 4, 4, k=1, strides=(2, 2)),  # a stride
+             b.call("nn.bias_add", [conv(b, x, 4, 4, k=1), b.const(rand(4))])]  # a bias
+    read_twice = conv(b, x, 4, 4, k=1)
+    outs = [b.call("nn.avg_pool2d", [c], **pool) for c in (*convs, read_twice)]
+    graph = b.finish([*outs, read_twice])
+    kept = eliminate_dead_code(pool_before_conv(graph))
+    assert [n.inputs[0].op for n in kept.ops() if n.op == "nn.avg_pool2d"] == [
+        "nn.conv2d", "nn.conv2d", "nn.bias_add", "nn.conv2d"]

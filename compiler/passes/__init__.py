@@ -10,15 +10,18 @@ from compiler.passes.fold_batch_norm import fold_batch_norm
 from compiler.passes.fold_constant import fold_constant
 from compiler.passes.fuse_elementwise import fuse_elementwise
 from compiler.passes.fuse_ops import fuse_ops
+from compiler.passes.pool_before_conv import pool_before_conv
 
 Pass = Callable[[Graph], Graph]
 
 # Constants first (ONNX weights are often computed), so batch-norm folding sees constant
-# parameters; fusion last, over the simplified graph (conv/dense epilogues before
-# element-wise chains); DCE drops what the rewrites left.
+# parameters; pools moved before 1x1 convs once batch-norm no longer sits between them;
+# fusion last, over the simplified graph (conv/dense epilogues before element-wise
+# chains); DCE drops what the rewrites left.
 PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("fold_constant", fold_constant),
     ("fold_batch_norm", fold_batch_norm),
+    ("pool_before_conv", pool_before_conv),
     ("fuse_ops", fuse_ops),
     ("fuse_elementwise", fuse_elementwise),
     ("eliminate_dead_code", eliminate_dead_code),
@@ -32,4 +35,4 @@ def optimize(graph: Graph) -> Graph:
 
 
 __all__ = ["PIPELINE", "eliminate_dead_code", "fold_batch_norm", "fold_constant",
-           "fuse_elementwise", "fuse_ops", "optimize"]
+           "fuse_elementwise", "fuse_ops", "optimize", "pool_before_conv"]
