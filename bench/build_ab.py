@@ -8,11 +8,14 @@ NCHW for its max-pool instead of vectors into its own block), ``prologue``
 (``build(fold_prologues=False)``: DenseNet's pre-activation chains run as their own
 kernels instead of in the 1x1 convs' data loads), ``pool-first`` (the
 ``pool_before_conv`` pass left out: DenseNet's transition convs run on the unpooled
-image, their average pool after them).
+image, their average pool after them), ``prologue-1x1`` (a tuned build's 1x1 layers
+under a prologue take their fastest record, not the 1x1 template's: ``select_layers``).
 
     .venv/bin/python bench/build_ab.py --switch pool --database-url sqlite:////tmp/r50.db
     .venv/bin/python bench/build_ab.py --switch prologue --models densenet121
     .venv/bin/python bench/build_ab.py --switch pool-first --models densenet121
+    .venv/bin/python bench/build_ab.py --switch prologue-1x1 --models densenet121 \
+        --database-url sqlite:////tmp/dn.db
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
              lambda: (mock.patch.dict(build_module.BLOCKED_POOLS, clear=True), {})),
     "prologue": ("prologue in the conv", "chain kernels",
                  lambda: (nullcontext(), {"fold_prologues": False})),
+    "prologue-1x1": ("1x1 template under a prologue", "fastest record",
+                     lambda: (mock.patch.object(build_module, "CONV1X1_CPU", "none"), {})),
     "pool-first": ("pool before the 1x1 conv", "pool after it",
                    lambda: (mock.patch.object(passes, "PIPELINE", tuple(
                        p for p in passes.PIPELINE if p[0] != "pool_before_conv")), {})),

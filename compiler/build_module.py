@@ -45,9 +45,9 @@ from compiler.runtime.executor import (
     StepTime,
 )
 from compiler.runtime.host import random_value
-from compiler.tasks import Task, candidates, extract_tasks
+from compiler.tasks import CONV1X1_CPU, Task, candidates, extract_tasks
 from compiler.templates import IOLayout, Prologue, get_template
-from compiler.templates.base import simd_lanes
+from compiler.templates.base import AVX512_LANES, simd_lanes
 from schemas import DeviceLimits, Target
 
 log = logging.getLogger(__name__)
@@ -175,8 +175,15 @@ def select_layers(graph: Graph, target: Target, records: RecordSource | None,
     another device counts: its candidates are ordered by how fast their defaults run
     here, and the preferred default beat TopHub's records of the other templates (other
     CPUs' direct ones on Winograd layers, GPUs' 5-100x slower;
-    bench/default_choice.py). Also the chosen tasks and their choices, for the report."""
+    bench/default_choice.py). A 1x1 layer that will apply the chain it reads in its load
+    (``plan_prologues``) on a 16-lane CPU takes the 1x1 template (its fastest record,
+    else its default): trials time the templates on blocked data without a prologue, the
+    model runs them on plain data with one, and there the direct template's records ran
+    1.2-1.35x slower than the 1x1 template's default (DenseNet-121's 29 such layers,
+    bench/build_ab.py --switch prologue-1x1). Also the chosen tasks and their choices,
+    for the report."""
     lanes = simd_lanes(limits)
+    users = graph.users()
     every = extract_tasks(graph, target, every_candidate=True, lanes=lanes)
     found = choose_configs([t.workload for t in every], records, target, limits)
     by_key = {t.workload.key: c for t, c in zip(every, found)}
@@ -189,6 +196,8 @@ def select_layers(graph: Graph, target: Target, records: RecordSource | None,
                    if id(node) in live else [])
         if not options:
             continue
+        if cpu and lanes >= AVX512_LANES and _foldable_chain(node, users) is not None:
+            options = [c for c in options if c.workload.template == CONV1X1_CPU] or options
         measured = [c for c in options if c.cost is not None]
         others = [c for c in (options[:1] if cpu else options) if c.source == OTHER_DEVICE]
         choice = (min(measured, key=lambda c: c.cost or 0.0) if measured
@@ -346,14 +355,20 @@ def plan_prologues(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, Fold
     users = graph.users()
     folds: dict[Node, Fold] = {}
     for node, choice in plan.items():
-        chain = node.inputs[0]
         template = get_template(choice.workload.template)
-        if not template.takes_prologue or users.get(chain) != [node]:  # one read, as data
-            continue
-        fold = _as_prologue(chain)
+        fold = _foldable_chain(node, users) if template.takes_prologue else None
         if fold is not None:  # the weight a template packs is the one it can scale
             folds[node] = _scale_into_weight(fold) if template.packs_weight else fold
     return folds
+
+
+def _foldable_chain(node: Node, users: Mapping[Node, list[Node]]) -> Fold | None:
+    """The chain ``node`` reads as its data, as a prologue, where nothing else reads it
+    (``node`` reads it once: not also as a residual)."""
+    chain = node.inputs[0] if node.inputs else None
+    if chain is None or users.get(chain) != [node]:
+        return None
+    return _as_prologue(chain)
 
 
 def _slice_starts(node: Node) -> list[int]:
