@@ -78,8 +78,8 @@ def main() -> None:
         print(f"\n## {name}\n")
         print("| build | steps | run ms (median) | all steps ms | " + " | ".join(shown) + " |")
         print("|---|---:|---:|---:|" + "---:|" * len(shown))
-        for label in builds:  # the same steps by name ("-": that build has none such)
-            times = {s.name: t for s, t in zip(builds[label].program.steps, minima[label])}
+        for label, module in builds.items():  # the same steps by name ("-": none such)
+            times = {s.name: t for s, t in zip(module.program.steps, minima[label])}
             steps = " | ".join(f"{times[n] * 1e3:.3f}" if n in times else "-" for n in shown)
             print(f"| {label} | {len(minima[label])} | "
                   f"{statistics.median(runs[label]) * 1e3:.2f} | "

@@ -287,9 +287,10 @@ def test_out_of_range_axis_is_a_type_error() -> None:
             b.call(op, args, "bad", **attrs)
 
 
-POOLS = [dict(pool_size=(2, 2), strides=(2, 2)),  # DenseNet's transition
-         dict(pool_size=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1), count_include_pad=True),
-         dict(pool_size=(3, 3), strides=(2, 2), padding=(0, 1, 1, 0), ceil_mode=True)]
+POOLS = [{"pool_size": (2, 2), "strides": (2, 2)},  # DenseNet's transition
+         {"pool_size": (3, 3), "strides": (2, 2), "padding": (1, 1, 1, 1),
+          "count_include_pad": True},
+         {"pool_size": (3, 3), "strides": (2, 2), "padding": (0, 1, 1, 0), "ceil_mode": True}]
 
 
 @pytest.mark.parametrize("pool", POOLS)
@@ -310,7 +311,7 @@ def test_average_pool_moves_before_the_1x1_conv_it_reads(pool: dict[str, object]
 def test_average_pool_stays_after_convs_it_does_not_commute_with() -> None:
     b = GraphBuilder()
     x = b.input("x", (1, 4, 8, 8))
-    pool = dict(pool_size=(2, 2), strides=(2, 2))
+    pool = {"pool_size": (2, 2), "strides": (2, 2)}
     convs = [conv(b, x, 4, 4, k=3),  # a window
              conv(b, x, 4, 4, k=1, strides=(2, 2)),  # a stride
              b.call("nn.bias_add", [conv(b, x, 4, 4, k=1), b.const(rand(4))])]  # a bias
