@@ -23,7 +23,7 @@ import numpy as np
 
 from compiler.ir import CONST, INPUT, Graph, Node, TensorType
 from compiler.ir.ops import ALIAS_OPS, node_epilogue
-from compiler.kernels import BLOCKED_KERNELS, BLOCKED_POOLS
+from compiler.kernels import BLOCKED_KERNELS, BLOCKED_POOLS, PROLOGUE_KERNELS
 from compiler.kernels import lower as lower_plain
 from compiler.layout_tune import DEFAULT_TOP_K, Tuned, data_block, default_cache, tune_layouts
 from compiler.passes import optimize
@@ -138,11 +138,14 @@ def build(model: Model, target: str | Target | None = None,
     graph = load_graph(model)
     if not optimized:
         graph = optimize(graph)
-    plan, tasks, choices = select_layers(graph, device.target, records, device.limits)
+    plan, tasks, choices = select_layers(graph, device.target, records, device.limits,
+                                         fold_prologues)
     tuned = None
     if graph_tune and blocked_layout:
+        held = held_for_prologues(graph, device.target, simd_lanes(device.limits)) \
+            if fold_prologues else set()
         tuned = tune_layouts(graph, plan, plan_layouts(graph, plan), records, device,
-                             graph_tune_top_k, default_cache(), _residual_index)
+                             graph_tune_top_k, default_cache(), _residual_index, held=held)
         log.info("graph tuning: %d layers changed, predicted %.3f ms against %.3f ms "
                  "(%d read costs measured)", tuned.changed, tuned.tuned_total * 1e3,
                  tuned.greedy_total * 1e3, tuned.measured)
@@ -167,7 +170,8 @@ def build(model: Model, target: str | Target | None = None,
 
 
 def select_layers(graph: Graph, target: Target, records: RecordSource | None,
-                  limits: DeviceLimits) -> tuple[dict[Node, Choice], list[Task], list[Choice]]:
+                  limits: DeviceLimits, prologues: bool = True
+                  ) -> tuple[dict[Node, Choice], list[Task], list[Choice]]:
     """Each conv2d/dense layer's template and config (TVM's select_implementation): of
     its candidates, the one with the fastest record measured on this device; else the
     first (in the device class's order) with another device's record; else the
@@ -175,15 +179,11 @@ def select_layers(graph: Graph, target: Target, records: RecordSource | None,
     another device counts: its candidates are ordered by how fast their defaults run
     here, and the preferred default beat TopHub's records of the other templates (other
     CPUs' direct ones on Winograd layers, GPUs' 5-100x slower;
-    bench/default_choice.py). A 1x1 layer that will apply the chain it reads in its load
-    (``plan_prologues``) on a 16-lane CPU takes the 1x1 template (its fastest record,
-    else its default): trials time the templates on blocked data without a prologue, the
-    model runs them on plain data with one, and there the direct template's records ran
-    1.2-1.35x slower than the 1x1 template's default (DenseNet-121's 29 such layers,
-    bench/build_ab.py --switch prologue-1x1). Also the chosen tasks and their choices,
-    for the report."""
+    bench/default_choice.py). With ``prologues`` (a build that folds chains), the
+    ``held_for_prologues`` layers take only the 1x1 template's options. Also the chosen
+    tasks and their choices, for the report."""
     lanes = simd_lanes(limits)
-    users = graph.users()
+    held = held_for_prologues(graph, target, lanes) if prologues else set()
     every = extract_tasks(graph, target, every_candidate=True, lanes=lanes)
     found = choose_configs([t.workload for t in every], records, target, limits)
     by_key = {t.workload.key: c for t, c in zip(every, found)}
@@ -196,7 +196,7 @@ def select_layers(graph: Graph, target: Target, records: RecordSource | None,
                    if id(node) in live else [])
         if not options:
             continue
-        if cpu and lanes >= AVX512_LANES and _foldable_chain(node, users) is not None:
+        if node in held:
             options = [c for c in options if c.workload.template == CONV1X1_CPU] or options
         measured = [c for c in options if c.cost is not None]
         others = [c for c in (options[:1] if cpu else options) if c.source == OTHER_DEVICE]
@@ -207,6 +207,21 @@ def select_layers(graph: Graph, target: Target, records: RecordSource | None,
         task.layers.append(node.name or node.op)
     chosen = list(tasks.values())
     return plan, chosen, [by_key[t.workload.key] for t in chosen]
+
+
+def held_for_prologues(graph: Graph, target: Target, lanes: int) -> set[Node]:
+    """The 1x1 layers that take the 1x1 template (its fastest record, else its default)
+    whatever the other templates' records say: on a 16-lane CPU, those that will apply
+    the chain they read in their load (``plan_prologues``). Trials time the templates on
+    blocked data without a prologue, the model runs them on plain data with one, and
+    there the direct template's records ran 1.2-1.35x slower than the 1x1 template's
+    default (DenseNet-121's 29 such layers, bench/build_ab.py --switch prologue-1x1)."""
+    if target.device_class != "cpu" or lanes < AVX512_LANES:
+        return set()
+    users = graph.users()
+    return {node for node in graph.nodes if node.op in ("nn.conv2d", "fused.conv2d")
+            and _foldable_chain(node, users) is not None
+            and any(w.template == CONV1X1_CPU for w in candidates(node, target, lanes))}
 
 
 def _tasks_of(graph: Graph, plan: Mapping[Node, Choice]) -> tuple[list[Task], list[Choice]]:
@@ -346,19 +361,27 @@ def _scale_into_weight(fold: Fold) -> Fold:
 
 
 def plan_prologues(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, Fold]:
-    """The convs that apply the element-wise chain they read in their data load, as
-    TVM fuses an injective producer into its reader: DenseNet's pre-activation
+    """The convs and pools that apply the element-wise chain they read in their data
+    load, as TVM fuses an injective producer into its reader: DenseNet's pre-activation
     batch-norm + ReLU before each 1x1 conv, which otherwise writes a copy of the
-    concatenated feature map each layer (62 kernels of DenseNet-121). The chain must
-    be read by nothing else (not a graph output) and only as the conv's data, and the
-    conv's chosen template must take a prologue (``Template.takes_prologue``)."""
+    concatenated feature map each layer (62 kernels of DenseNet-121), and before its
+    transition and final pools. The chain must be read by nothing else (not a graph
+    output) and only as the reader's data; a conv's chosen template must take a prologue
+    (``Template.takes_prologue``), a pool's plain kernel apply one (``PROLOGUE_KERNELS``)."""
     users = graph.users()
+    live = graph.live()
     folds: dict[Node, Fold] = {}
-    for node, choice in plan.items():
-        template = get_template(choice.workload.template)
-        fold = _foldable_chain(node, users) if template.takes_prologue else None
-        if fold is not None:  # the weight a template packs is the one it can scale
-            folds[node] = _scale_into_weight(fold) if template.packs_weight else fold
+    for node in graph.nodes:
+        choice = plan.get(node)
+        if choice is not None:
+            template = get_template(choice.workload.template)
+            fold = _foldable_chain(node, users) if template.takes_prologue else None
+            if fold is not None:  # the weight a template packs is the one it can scale
+                folds[node] = _scale_into_weight(fold) if template.packs_weight else fold
+        elif node.op in PROLOGUE_KERNELS and id(node) in live:
+            fold = _foldable_chain(node, users)
+            if fold is not None:
+                folds[node] = fold
     return folds
 
 
@@ -534,6 +557,10 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
                 args = (args[0], constant(packed.astype(kernel.buffers[1].dtype)), *args[2:])
             if fold:
                 args += tuple(constant(fold.vectors[op]) for op in fold.prologue.vector_ops)
+        elif fold:  # a pool reading the chain's input through its prologue
+            kernel = lower_plain(Node(node.op, inputs, node.attrs, node.ty, node.name),
+                                 dialect, prologue=fold.prologue)
+            args += tuple(constant(fold.vectors[op]) for op in fold.prologue.vector_ops)
         else:
             kernel = lower_plain(node, dialect, out_block=layouts.get(node, 0))
             if node in layouts:

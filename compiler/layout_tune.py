@@ -39,7 +39,7 @@ import logging
 import math
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -389,19 +389,21 @@ class Tuned:
 def tune_layouts(graph: Graph, plan: Mapping[Node, Choice], layouts: Mapping[Node, int],
                  source: RecordSource | None, device: Device, top_k: int = DEFAULT_TOP_K,
                  cache: Path | None = None, residual_index: Callable[[Node], int | None]
-                 = lambda node: None, reads: ReadCosts | None = None) -> Tuned:
+                 = lambda node: None, reads: ReadCosts | None = None,
+                 held: Collection[Node] = ()) -> Tuned:
     """``plan`` (each layer's fastest record, from ``select_layers``) re-chosen by the DP.
 
     ``layouts`` is the layout plan of ``plan`` (``plan_layouts``): a tuned layer whose
     output is in it writes blocked for every option (all options are blocked-io, whose
     readers decide that), so its readers' edges are known before choosing. Layers with
-    no records of this device keep their choice; ``residual_index`` names a layer's
-    fused residual input; ``reads`` measures read costs (default: ``ReadCosts`` on
-    ``device`` with ``cache``)."""
+    no records of this device keep their choice, and so do the ``held`` ones (what
+    ``select_layers`` chose against the records' order); ``residual_index`` names a
+    layer's fused residual input; ``reads`` measures read costs (default: ``ReadCosts``
+    on ``device`` with ``cache``)."""
     nodes = [n for n in graph.nodes if n in plan]
     options = layer_options(nodes, source, device.target, device.limits, top_k)
-    keep = [i for i, opts in enumerate(options)
-            if opts and get_template(plan[nodes[i]].workload.template).blocked_io]
+    keep = [i for i, opts in enumerate(options) if opts and nodes[i] not in held
+            and get_template(plan[nodes[i]].workload.template).blocked_io]
     nodes = [nodes[i] for i in keep]
     options = [options[i] for i in keep]
     # the greedy state is select_layers' choice: an option, added where top_k left it out

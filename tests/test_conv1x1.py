@@ -26,10 +26,13 @@ from compiler.build_module import (
     _as_prologue,
     _scale_into_weight,
     build,
+    held_for_prologues,
+    plan_layouts,
     plan_prologues,
     select_layers,
 )
 from compiler.ir import GraphBuilder, evaluate
+from compiler.layout_tune import Option, ReadCosts, tune_layouts
 from compiler.passes import optimize
 from compiler.records import THIS_DEVICE, MemorySource
 from compiler.runtime.device import Device
@@ -423,7 +426,9 @@ def pre_activation_graph(rng: np.random.Generator):  # type: ignore[no-untyped-d
     batch-norm + relu after (c); scale (some negative), shift, relu before a 1x1 conv (d);
     a shift + relu read by a 3x3 conv and as a graph output (e); batch-norm + relu
     before a padded 3x3 conv, the direct template (f); shift, positive scale, relu
-    before a 1x1 conv (g); a shift + relu read by two 1x1 convs (h1, h2)."""
+    before a 1x1 conv (g); a shift + relu read by two 1x1 convs (h1, h2); a transition
+    (batch-norm, relu, 1x1 conv t, 2x2 average pool tpool: the pool moves before the
+    conv and reads the chain) and a global average pool of batch-norm + relu (gap)."""
     b = GraphBuilder()
 
     def w(*shape: int, lo: float = -0.3, hi: float = 0.3):  # type: ignore[no-untyped-def]
@@ -450,7 +455,10 @@ def pre_activation_graph(rng: np.random.Generator):  # type: ignore[no-untyped-d
     g = b.call("nn.conv2d", [pre5, w(8, 24, 1, 1)], "g")
     pre6 = b.call("nn.relu", [b.call("add", [cat, w(24, 1, 1)])])
     h1, h2 = (b.call("nn.conv2d", [pre6, w(8, 24, 1, 1)], name) for name in ("h1", "h2"))
-    return optimize(b.finish([c, d, e, pre3, f, g, h1, h2]))
+    t = b.call("nn.conv2d", [b.call("nn.relu", [bn(cat, 24)]), w(16, 24, 1, 1)], "t")
+    tpool = b.call("nn.avg_pool2d", [t], "tpool", pool_size=(2, 2), strides=(2, 2))
+    gap = b.call("nn.global_avg_pool2d", [b.call("nn.relu", [bn(cat, 24)])], "gap")
+    return optimize(b.finish([c, d, e, pre3, f, g, h1, h2, tpool, gap]))
 
 
 def default_records(graph, direct: float, one_by_one: float  # type: ignore[no-untyped-def]
@@ -481,8 +489,9 @@ def test_build_runs_pre_activations_in_the_1x1_convs_that_read_them(device: Devi
     plan, _, _ = select_layers(graph, device.target, records, device.limits)
     folds = {node.name: fold for node, fold in plan_prologues(graph, plan).items()}
     # positive scales go into c's, f's and g's weights; d's some negative keep theirs;
-    # e's chain is also a graph output, h1's and h2's read by both
-    assert sorted(folds) == ["c", "d", "f", "g"]
+    # e's chain is also a graph output, h1's and h2's read by both; the pools apply theirs
+    assert sorted(folds) == ["c", "d", "f", "g", "gap", "tpool"]
+    assert folds["tpool"].prologue.ops == ("scale", "shift", "relu")
     assert folds["g"].prologue.ops == ("shift", "relu") and folds["g"].weight_scale is not None
     assert {node.name: choice.workload.template for node, choice in plan.items()}["f"] \
         == CONV_CPU
@@ -491,7 +500,7 @@ def test_build_runs_pre_activations_in_the_1x1_convs_that_read_them(device: Devi
     assert folds["d"].weight_scale is None
     xs = rng.uniform(-1, 1, (1, 16, 10, 10)).astype(np.float32)
     want = evaluate(graph, [xs])
-    for fold, chains in ((True, 2), (False, 6)):
+    for fold, chains in ((True, 2), (False, 8)):
         module = build(graph, target=str(device.target), records=records, optimized=True,
                        device=device, fold_prologues=fold)
         names = [s.name.split()[0] for s in module.program.steps]
@@ -526,3 +535,28 @@ def test_a_1x1_layer_under_a_prologue_takes_the_1x1_template_on_16_lanes() -> No
         chosen = {n.name: c.workload.template for n, c in plan.items() if n.name in
                   {"b", "c", "d", "g", "h1", "h2"}}
         assert {n for n, t in chosen.items() if t == CONV1X1_CPU} == gemm, chosen
+        assert gemm <= {n.name for n in plan_prologues(graph, plan)}
+    plan, _, _ = select_layers(graph, CPU, records, DeviceLimits(simd_lanes=16),
+                               prologues=False)  # a build that does not fold chains
+    assert CONV1X1_CPU not in {c.workload.template for c in plan.values()}
+
+
+class FreeReads(ReadCosts):
+    """Any block read at no cost, constructed, not timed."""
+
+    def penalty(self, option: Option, epilogue: Epilogue, slot: str, block: int) -> float:
+        return 0.0
+
+
+def test_graph_tuning_keeps_the_1x1_template_under_a_prologue(device: Device) -> None:
+    """Graph tuning, free to re-choose by the records, leaves the held layers alone."""
+    graph = pre_activation_graph(np.random.default_rng(11))
+    records = default_records(graph, direct=1e-3, one_by_one=2e-3)
+    plan, _, _ = select_layers(graph, CPU, records, DeviceLimits(simd_lanes=16))
+    held = held_for_prologues(graph, CPU, 16)
+    assert {n.name for n in held} == {"c", "d", "g"}
+    for keep, gemm in ((held, {"c", "d", "g"}), (set(), set())):
+        tuned = tune_layouts(graph, plan, plan_layouts(graph, plan), records, device,
+                             reads=FreeReads(device), held=keep)
+        assert {n.name for n, c in tuned.plan.items()
+                if c.workload.template == CONV1X1_CPU} == gemm

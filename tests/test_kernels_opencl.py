@@ -20,6 +20,7 @@ from conftest import needs_nvcc, nvcc_ptx
 from compiler.ir import GraphBuilder, Node, evaluate
 from compiler.kernels import NoKernelError, lower
 from compiler.runtime.device import Device
+from compiler.templates import Prologue
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -199,6 +200,58 @@ def test_ops_without_a_kernel_name_the_node() -> None:
         lower(b.call("copy", [ints], name="ids_copy"))
     with pytest.raises(ValueError, match="dialect"):
         lower(b.call("nn.relu", [x]), "metal")
+
+
+# ---- pools applying a prologue (a pre-activation chain) on what they read ----
+
+POOL_PROLOGUES = {
+    "avg 2x2/2": ("nn.avg_pool2d", (1, 6, 8, 8), {"pool_size": (2, 2), "strides": (2, 2)}),
+    "avg 3x3/2 padded, counted": ("nn.avg_pool2d", (2, 5, 9, 7), {
+        "pool_size": (3, 3), "strides": (2, 2), "padding": (1, 1, 1, 1),
+        "count_include_pad": True}),
+    "avg 9x9 looped, ceil": ("nn.avg_pool2d", (1, 3, 10, 10), {
+        "pool_size": (9, 9), "strides": (2, 2), "ceil_mode": True}),  # past the unrolled
+    "avg 3-D": ("nn.avg_pool3d", (1, 4, 4, 6, 6), {
+        "pool_size": (2, 2, 2), "strides": (2, 2, 2)}),
+    "global avg": ("nn.global_avg_pool2d", (2, 6, 7, 7), {}),
+}
+
+
+@pytest.mark.parametrize("name", list(POOL_PROLOGUES))
+def test_pools_apply_a_prologue_on_what_they_read(device: Device, name: str) -> None:
+    """pool(relu(x * scale + shift)) per channel; padding stays 0 (it pads the chain's
+    output, not x)."""
+    op, shape, attrs = POOL_PROLOGUES[name]
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-1, 1, shape).astype(np.float32)
+    vectors = {"scale": rng.uniform(-1, 2, shape[1]).astype(np.float32),
+               "shift": rng.uniform(-0.5, 0.5, shape[1]).astype(np.float32)}
+    b = GraphBuilder()
+    node = b.call(op, [b.input("x", shape)], name="pool", **attrs)
+    where = (1, -1, *(1,) * (len(shape) - 2))
+    chained = np.maximum(x * vectors["scale"].reshape(where)
+                         + vectors["shift"].reshape(where), 0).astype(np.float32)
+    (want,) = evaluate(b.finish([node]), {"x": chained})
+    prologue = Prologue(("scale", "shift", "relu"))
+    kernel = lower(node, device.dialect, prologue=prologue)
+    assert [b.name for b in kernel.buffers] == ["data", "pro_scale", "pro_shift", "out"]
+    out = device.alloc(node.ty.shape)
+    device.run(device.build(kernel), kernel,
+               [device.upload(x), *(device.upload(vectors[op]) for op in ("scale", "shift")),
+                out])
+    np.testing.assert_allclose(device.download(out, node.ty.shape), want, rtol=1e-5,
+                               atol=1e-6, err_msg=name)
+
+
+def test_only_pools_in_nchw_take_a_prologue() -> None:
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 4, 4))
+    relu = Prologue(("relu",))
+    with pytest.raises(NoKernelError, match="no kernel applies a prologue"):
+        lower(b.call("nn.max_pool2d", [x], pool_size=(2, 2), strides=(2, 2)), prologue=relu)
+    with pytest.raises(NoKernelError, match=r"prologue for it in NCHW\[8\]c"):
+        lower(b.call("nn.avg_pool2d", [x], pool_size=(2, 2), strides=(2, 2)), out_block=8,
+              prologue=relu)
 
 
 # ---- CUDA: every case's source compiles with nvcc ----

@@ -314,10 +314,11 @@ def test_average_pool_stays_after_convs_it_does_not_commute_with() -> None:
     pool = {"pool_size": (2, 2), "strides": (2, 2)}
     convs = [conv(b, x, 4, 4, k=3),  # a window
              conv(b, x, 4, 4, k=1, strides=(2, 2)),  # a stride
+             b.call("nn.conv2d", [x, b.const(rand(4, 4, 1, 1))], padding=(1, 1, 1, 1)),
              b.call("nn.bias_add", [conv(b, x, 4, 4, k=1), b.const(rand(4))])]  # a bias
     read_twice = conv(b, x, 4, 4, k=1)
     outs = [b.call("nn.avg_pool2d", [c], **pool) for c in (*convs, read_twice)]
     graph = b.finish([*outs, read_twice])
     kept = eliminate_dead_code(pool_before_conv(graph))
     assert [n.inputs[0].op for n in kept.ops() if n.op == "nn.avg_pool2d"] == [
-        "nn.conv2d", "nn.conv2d", "nn.bias_add", "nn.conv2d"]
+        "nn.conv2d", "nn.conv2d", "nn.conv2d", "nn.bias_add", "nn.conv2d"]

@@ -26,7 +26,7 @@ from compiler.kernels import (
     softmax,
 )
 from compiler.kernels.common import NoKernelError, check_operands, describe
-from compiler.templates.base import DIALECTS, Kernel
+from compiler.templates.base import DIALECTS, Kernel, Prologue
 from compiler.templates.prelude import with_prelude
 
 # ops with a kernel that reads NCHW and writes NCHW[b]c: op -> (whether it can for a node
@@ -34,6 +34,8 @@ from compiler.templates.prelude import with_prelude
 BLOCKED_KERNELS = elementwise.BLOCKED_KERNELS
 # ops with a kernel that reads and writes NCHW[b]c (the same b)
 BLOCKED_POOLS = pool.BLOCKED_KERNELS
+# ops with a kernel that applies a ``Prologue`` on the values it reads
+PROLOGUE_KERNELS = pool.PROLOGUE_KERNELS
 
 KERNELS: dict[str, Callable[[Node], Kernel]] = {
     **elementwise.KERNELS,
@@ -48,10 +50,12 @@ KERNELS: dict[str, Callable[[Node], Kernel]] = {
 }
 
 
-def lower(node: Node, dialect: str = "opencl", out_block: int = 0) -> Kernel:
+def lower(node: Node, dialect: str = "opencl", out_block: int = 0,
+          prologue: Prologue = Prologue()) -> Kernel:
     """The plain kernel computing ``node``; NoKernelError when there is none.
     ``out_block`` > 0: written in NCHW[out_block]c (ops of ``BLOCKED_KERNELS``, which read
-    NCHW, and of ``BLOCKED_POOLS``, which read that block too)."""
+    NCHW, and of ``BLOCKED_POOLS``, which read that block too). ``prologue``: applied on
+    each value read (ops of ``PROLOGUE_KERNELS``, in NCHW)."""
     if dialect not in DIALECTS:
         raise ValueError(f"dialect {dialect!r} is not one of {', '.join(DIALECTS)}")
     if node.op in (INPUT, CONST):
@@ -64,7 +68,13 @@ def lower(node: Node, dialect: str = "opencl", out_block: int = 0) -> Kernel:
     if make is None:
         raise NoKernelError(f"{describe(node)}: no plain kernel for op {node.op!r}")
     check_operands(node)
-    if out_block:
+    if prologue.ops:
+        with_prologue = PROLOGUE_KERNELS.get(node.op)
+        if with_prologue is None or out_block:
+            raise NoKernelError(f"{describe(node)}: no kernel applies a prologue for it"
+                                + (f" in NCHW[{out_block}]c" if out_block else ""))
+        kernel = with_prologue(node, prologue)
+    elif out_block:
         blocked = BLOCKED_KERNELS.get(node.op) or BLOCKED_POOLS.get(node.op)
         if blocked is None or not blocked[0](node, out_block):
             raise NoKernelError(f"{describe(node)}: no kernel writes {node.op!r} in "
@@ -76,4 +86,11 @@ def lower(node: Node, dialect: str = "opencl", out_block: int = 0) -> Kernel:
                                dialect=dialect)
 
 
-__all__ = ["BLOCKED_KERNELS", "BLOCKED_POOLS", "KERNELS", "NoKernelError", "lower"]
+__all__ = [
+    "BLOCKED_KERNELS",
+    "BLOCKED_POOLS",
+    "KERNELS",
+    "PROLOGUE_KERNELS",
+    "NoKernelError",
+    "lower",
+]

@@ -98,15 +98,18 @@ def linear(coords: Sequence[str], shape: Sequence[int]) -> str:
 
 
 def per_item(node: Node, names: Sequence[str], total: int, body: Sequence[str],
-             block: int = BLOCK) -> Kernel:
+             block: int = BLOCK, extra: Sequence[Buffer] = ()) -> Kernel:
     """A kernel with one work-item per item ``i`` in ``[0, total)``, in blocks of ``block``.
 
-    ``names`` names every input buffer (in node order); the output is ``out``. The source
-    has no prelude yet: ``lower`` adds the dialect's.
+    ``names`` names every input buffer (in node order), ``extra`` more inputs after them
+    (a prologue's vectors); the output is ``out``. The source has no prelude yet:
+    ``lower`` adds the dialect's.
     """
     entry = entry_name(node)
     dtypes = {name: arg.ty.dtype for name, arg in zip(names, node.inputs)}
+    dtypes |= {b.name: b.dtype for b in extra}
     dtypes["out"] = node.ty.dtype
+    names = [*names, *(b.name for b in extra)]
     # no items (a zero-size tensor): an empty body, which never runs anyway; the body's
     # index arithmetic would divide by the zero-size dims (compilers warn on x / 0)
     lines = [signature(entry, names, "out", dtypes) + " {", "}"] if total == 0 else [
@@ -116,8 +119,8 @@ def per_item(node: Node, names: Sequence[str], total: int, body: Sequence[str],
         *indent(list(body)),
         "}",
     ]
-    buffers = tuple(Buffer(name, arg.ty.shape, arg.ty.dtype)
-                    for name, arg in zip(names, node.inputs))
+    buffers = (*(Buffer(name, arg.ty.shape, arg.ty.dtype)
+                 for name, arg in zip(names, node.inputs)), *extra)
     return Kernel(
         source="\n".join(lines) + "\n",
         entry=entry,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from compiler.ir import Node
 from compiler.kernels.common import NoKernelError, c_float, describe, per_item, strides
-from compiler.templates.base import Kernel, blocked_shape
+from compiler.templates.base import Kernel, Prologue, blocked_shape
 
 
 def _window(node: Node) -> tuple[list[str], list[str], str]:
@@ -60,17 +60,19 @@ def _unrolled(node: Node) -> bool:
         MAX_UNROLLED_TAPS
 
 
-def _taps(node: Node, masked: str, combine: str, block: int = 0) -> list[str]:
-    """Straight-line code over a 2-D window: per tap, ``v`` is the input value, or
-    ``masked`` where the tap falls outside the input, then ``combine`` (a statement
-    reading ``v``), in a block of its own. The output element comes from ``i``: in NCHW,
-    or with ``block`` in NCHW[block]c, input and output (the channels of one pixel
-    consecutive work-items, so their loads are contiguous)."""
+def _taps(node: Node, masked: str, combine: str, block: int = 0,
+          prologue: Prologue = Prologue()) -> list[str]:
+    """Straight-line code over a 2-D window: per tap, ``v`` is the input value (through
+    ``prologue``, NCHW only), or ``masked`` where the tap falls outside the input, then
+    ``combine`` (a statement reading ``v``), in a block of its own. The output element
+    comes from ``i``: in NCHW, or with ``block`` in NCHW[block]c, input and output (the
+    channels of one pixel consecutive work-items, so their loads are contiguous)."""
     (h, w), (oh_n, ow_n) = node.inputs[0].ty.shape[2:], node.ty.shape[2:]
     (kh, kw), (sh, sw) = node.attrs["pool_size"], node.attrs["strides"]
     dh, dw = node.attrs["dilation"]
     ph, pw = node.attrs["padding"][:2]
     pixel = f"(i / {block})" if block else "i"
+    channel = f"(t / {oh_n}) % {node.ty.shape[1]}"  # t: the output row's plane and row
     lines = [f"const int ow = {pixel} % {ow_n};", f"const int t = {pixel} / {ow_n};",
              f"const int y0 = (t % {oh_n}) * {sh} - {ph};", f"const int x0 = ow * {sw} - {pw};",
              f"const GLOBAL float* src = data + (t / {oh_n}) * {h * w * max(block, 1)}"
@@ -90,7 +92,8 @@ def _taps(node: Node, masked: str, combine: str, block: int = 0) -> list[str]:
         y, y_tests = bounds("y", ky, sh, ph, h, oh_n, dh)
         for kx in range(kw):
             x, x_tests = bounds("x", kx, sw, pw, w, ow_n, dw)
-            read = f"src[({y} * {w} + {x}) * {block}]" if block else f"src[{y} * {w} + {x}]"
+            read = (f"src[({y} * {w} + {x}) * {block}]" if block else
+                    prologue.c_expr(f"src[{y} * {w} + {x}]", channel))
             tests = y_tests + x_tests
             value = f"({' && '.join(tests)}) ? {read} : {masked}" if tests else read
             lines.append(f"{{ const float v = {value}; {combine} }}")
@@ -133,10 +136,11 @@ def max_pool_blocked(node: Node, block: int) -> Kernel:
         dataclasses.replace(out, shape=blocked_shape(out.shape, block))))
 
 
-def avg_pool(node: Node) -> Kernel:
+def avg_pool(node: Node, prologue: Prologue = Prologue()) -> Kernel:
     """The divisor counts window taps inside the input, or (count_include_pad) inside the
     declared padding too, but never the ceil-mode overhang past it: per dim, then their
-    product."""
+    product. ``prologue`` on each value read (padding stays 0): DenseNet's transition
+    pools read the pre-activation chain so (``build_module.plan_prologues``)."""
     spatial = node.inputs[0].ty.shape[2:]
     rank = len(spatial)
     kernel, pad = node.attrs["pool_size"], node.attrs["padding"]
@@ -147,8 +151,9 @@ def avg_pool(node: Node) -> Kernel:
         lo, hi = (-pad[d], spatial[d] + pad[rank + d]) if include else (0, spatial[d])
         counts.append(f"for (int k{d} = 0; k{d} < {kernel[d]}; ++k{d}) {{ const int x{d} = "
                       f"{coords[d]}; taps{d} += x{d} >= {lo} && x{d} < {hi}; }}")
-    window = (_taps(node, "0.0f", "sum += v;") if _unrolled(node)
-              else _nest(node, [f"sum += src[{offset}];"]))
+    channel = f"(i / {math.prod(node.ty.shape[2:])}) % {node.ty.shape[1]}"
+    window = (_taps(node, "0.0f", "sum += v;", prologue=prologue) if _unrolled(node)
+              else _nest(node, [f"sum += {prologue.c_expr(f'src[{offset}]', channel)};"]))
     body = [
         *head,
         *[f"int taps{d} = 0;" for d in range(rank)],
@@ -157,23 +162,32 @@ def avg_pool(node: Node) -> Kernel:
         *window,
         f"out[i] = sum / (float)({' * '.join(f'taps{d}' for d in range(rank))});",
     ]
-    return per_item(node, ("data",), node.ty.size, body)
+    return per_item(node, ("data",), node.ty.size, body,
+                    extra=prologue.buffers(node.ty.shape[1]))
 
 
-def global_avg_pool(node: Node) -> Kernel:
+def global_avg_pool(node: Node, prologue: Prologue = Prologue()) -> Kernel:
+    """``prologue`` on each value read (DenseNet's last batch-norm + ReLU)."""
     n, c, h, w = node.inputs[0].ty.shape
     body = [
         f"const GLOBAL float* src = data + i * {h * w};",
         "float sum = 0.0f;",
-        f"for (int k = 0; k < {h * w}; ++k) sum += src[k];",
+        f"for (int k = 0; k < {h * w}; ++k) sum += {prologue.c_expr('src[k]', f'i % {c}')};",
         f"out[i] = sum / {c_float(h * w)};",
     ]
-    return per_item(node, ("data",), n * c, body, block=64)
+    return per_item(node, ("data",), n * c, body, block=64, extra=prologue.buffers(c))
 
 
 # pools that read and write one NCHW[b]c block: op -> (can it, for this node and b; kernel)
 BLOCKED_KERNELS: dict[str, tuple[Callable[[Node, int], bool], Callable[[Node, int], Kernel]]] = {
     "nn.max_pool2d": (pools_blocked, max_pool_blocked),
+}
+
+# pools that apply a ``Prologue`` on the values they read
+PROLOGUE_KERNELS: dict[str, Callable[[Node, Prologue], Kernel]] = {
+    "nn.avg_pool2d": avg_pool,
+    "nn.avg_pool3d": avg_pool,
+    "nn.global_avg_pool2d": global_avg_pool,
 }
 
 KERNELS: dict[str, Callable[[Node], Kernel]] = {

@@ -15,8 +15,8 @@ from compiler.passes.pool_before_conv import pool_before_conv
 Pass = Callable[[Graph], Graph]
 
 # Constants first (ONNX weights are often computed), so batch-norm folding sees constant
-# parameters; pools moved before 1x1 convs once batch-norm no longer sits between them;
-# fusion last, over the simplified graph (conv/dense epilogues before element-wise
+# parameters; average pools moved before the 1x1 convs they read, before fusion turns
+# those convs into fused ones; fusion last, over the simplified graph (conv/dense epilogues before element-wise
 # chains); DCE drops what the rewrites left.
 PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("fold_constant", fold_constant),
