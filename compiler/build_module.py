@@ -210,8 +210,8 @@ def select_layers(graph: Graph, target: Target, records: RecordSource | None,
 
 
 def held_for_prologues(graph: Graph, target: Target, lanes: int) -> set[Node]:
-    """The 1x1 layers that take the 1x1 template (its fastest record, else its default)
-    whatever the other templates' records say: on a 16-lane CPU, those that will apply
+    """The 1x1 layers that take the 1x1 template (its records as ``select_layers`` ranks
+    them, else its default) whatever the other templates' records say: on a 16-lane CPU, those that will apply
     the chain they read in their load (``plan_prologues``). Trials time the templates on
     blocked data without a prologue, the model runs them on plain data with one, and
     there the direct template's records ran 1.2-1.35x slower than the 1x1 template's
@@ -365,7 +365,7 @@ def plan_prologues(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, Fold
     load, as TVM fuses an injective producer into its reader: DenseNet's pre-activation
     batch-norm + ReLU before each 1x1 conv, which otherwise writes a copy of the
     concatenated feature map each layer (62 kernels of DenseNet-121), and before its
-    transition and final pools. The chain must be read by nothing else (not a graph
+    transition pools. The chain must be read by nothing else (not a graph
     output) and only as the reader's data; a conv's chosen template must take a prologue
     (``Template.takes_prologue``), a pool's plain kernel apply one (``PROLOGUE_KERNELS``)."""
     users = graph.users()

@@ -166,9 +166,9 @@ def kernel_op_costs(graph: Graph, device: Device, records: RecordSource | None =
     if not stepped:
         return costs
     try:
-        # one step per op (no chain run in its conv's load): each op gets its own time
-        plan, _, _ = select_layers(graph, device.target, records, device.limits,
-                                   prologues=False)
+        # the templates a segment build runs, one step per op (no chain run in its
+        # reader's load): each op gets its own time
+        plan, _, _ = select_layers(graph, device.target, records, device.limits)
         program = lower(graph, plan, device.dialect, blocked_layout=False, fold_prologues=False)
         executor = GraphExecutor(program, device)
         times = executor.profile(number=number)

@@ -167,7 +167,8 @@ def avg_pool(node: Node, prologue: Prologue = Prologue()) -> Kernel:
 
 
 def global_avg_pool(node: Node, prologue: Prologue = Prologue()) -> Kernel:
-    """``prologue`` on each value read (DenseNet's last batch-norm + ReLU)."""
+    """``prologue`` on each value read (a chain the pool reads directly; the ONNX
+    importer's global pools read a reshape of it, which does not fold)."""
     n, c, h, w = node.inputs[0].ty.shape
     body = [
         f"const GLOBAL float* src = data + i * {h * w};",
