@@ -211,11 +211,12 @@ def select_layers(graph: Graph, target: Target, records: RecordSource | None,
 
 def held_for_prologues(graph: Graph, target: Target, lanes: int) -> set[Node]:
     """The 1x1 layers that take the 1x1 template (its records as ``select_layers`` ranks
-    them, else its default) whatever the other templates' records say: on a 16-lane CPU, those that will apply
-    the chain they read in their load (``plan_prologues``). Trials time the templates on
-    blocked data without a prologue, the model runs them on plain data with one, and
-    there the direct template's records ran 1.2-1.35x slower than the 1x1 template's
-    default (DenseNet-121's 29 such layers, bench/build_ab.py --switch prologue-1x1)."""
+    them, else its default) whatever the other templates' records say: on a 16-lane CPU,
+    those that will apply the chain they read in their load (``plan_prologues``). Trials
+    time the templates on blocked data without a prologue, the model runs them on plain
+    data with one, and there the direct template's records ran 1.2-1.35x slower than the
+    1x1 template's default (DenseNet-121's 29 such layers, bench/build_ab.py --switch
+    prologue-1x1)."""
     if target.device_class != "cpu" or lanes < AVX512_LANES:
         return set()
     users = graph.users()
@@ -300,7 +301,7 @@ def plan_layouts(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, int]:
 
 @dataclass(frozen=True)
 class Fold:
-    """An element-wise chain run in the data load of the conv that reads it."""
+    """An element-wise chain run in the data load of the conv or pool that reads it."""
 
     chain: Node  # the fused.elementwise that runs no kernel
     prologue: Prologue
@@ -309,7 +310,7 @@ class Fold:
 
     @property
     def data(self) -> Node:
-        """What the conv reads instead: the chain's input."""
+        """What the reader reads instead: the chain's input."""
         return self.chain.inputs[0]
 
 
@@ -345,8 +346,8 @@ def _scale_into_weight(fold: Fold) -> Fold:
     """A positive scale moved into the conv's weight: relu(s * x + h) is
     s * relu(x + h / s) for s > 0, and W (s * y) is (W s) y; the shifts after it divided
     by s (not where some s is below ``MIN_MOVED_SCALE``: h / s could overflow, W s
-    underflow). Why: the scale is a multiply on the FMA pipes the GEMM keeps busy, a shift and
-    relu can run on the add pipes beside them (a Zen 5 VM, DenseNet-121's 1x1 shapes on
+    underflow). Why: the scale is a multiply on the FMA pipes the GEMM keeps busy, a
+    shift and relu can run on the add pipes beside them (a Zen 5 VM, DenseNet-121's 1x1 shapes on
     the 1x1 template: shift + relu on the load 0.97-1.21x the time without a prologue,
     with the scale too 1.14-1.42x; bench/prologue.py)."""
     ops = fold.prologue.ops
@@ -365,8 +366,8 @@ def plan_prologues(graph: Graph, plan: Mapping[Node, Choice]) -> dict[Node, Fold
     load, as TVM fuses an injective producer into its reader: DenseNet's pre-activation
     batch-norm + ReLU before each 1x1 conv, which otherwise writes a copy of the
     concatenated feature map each layer (62 kernels of DenseNet-121), and before its
-    transition pools. The chain must be read by nothing else (not a graph
-    output) and only as the reader's data; a conv's chosen template must take a prologue
+    transition pools. The chain must be read by nothing else (not a graph output) and
+    only as the reader's data; a conv's chosen template must take a prologue
     (``Template.takes_prologue``), a pool's plain kernel apply one (``PROLOGUE_KERNELS``)."""
     users = graph.users()
     live = graph.live()

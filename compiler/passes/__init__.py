@@ -16,8 +16,8 @@ Pass = Callable[[Graph], Graph]
 
 # Constants first (ONNX weights are often computed), so batch-norm folding sees constant
 # parameters; average pools moved before the 1x1 convs they read, before fusion turns
-# those convs into fused ones; fusion last, over the simplified graph (conv/dense epilogues before element-wise
-# chains); DCE drops what the rewrites left.
+# those convs into fused ones; fusion last, over the simplified graph (conv/dense
+# epilogues before element-wise chains); DCE drops what the rewrites left.
 PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("fold_constant", fold_constant),
     ("fold_batch_norm", fold_batch_norm),

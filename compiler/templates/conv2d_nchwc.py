@@ -24,7 +24,8 @@ code generation) each get their own copy of the reduction with x0 written in, kw
 and the taps that read padding left out, so no load is checked or masked; the other
 blocks share one copy without checks. Rows outside the image are skipped per kh step
 (masked to zero when a work-item holds tile_oh = 2 rows). Fused epilogues apply at the
-store, a prologue (``Prologue``: DenseNet's pre-activation) on each loaded input value. Local size (wg, 1, 1) along the x blocks. Where the weight is 1 MB or more (a model
+store, a prologue (``Prologue``: DenseNet's pre-activation) on each loaded input value.
+Local size (wg, 1, 1) along the x blocks. Where the weight is 1 MB or more (a model
 reads it from memory, not from the caches a trial leaves it in), the work-items of an
 output-channel block but its first prefetch the next block's weight, a slice each
 (``compiler.templates.prefetch``). The same body compiles as CUDA C through
