@@ -40,7 +40,8 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "prologue": ("prologue in the conv", "chain kernels",
                  lambda: (nullcontext(), {"fold_prologues": False})),
     "prologue-1x1": ("1x1 template under a prologue", "fastest record",
-                     lambda: (mock.patch.object(build_module, "CONV1X1_CPU", "none"), {})),
+                     lambda: (mock.patch.object(build_module, "held_for_prologues",
+                                                lambda *_: set()), {})),
     "pool-first": ("pool before the 1x1 conv", "pool after it",
                    lambda: (mock.patch.object(passes, "PIPELINE", tuple(
                        p for p in passes.PIPELINE if p[0] != "pool_before_conv")), {})),

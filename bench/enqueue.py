@@ -39,8 +39,7 @@ from compiler.runtime import Device, open_device
 def launch_per_call(device: Device) -> Any:
     """Executors made meanwhile launch through ``Device.launch`` each time (the other
     side of the A/B)."""
-    return mock.patch.object(device, "prepare", lambda program, kernel, buffers: partial(
-        device.launch, program, kernel, buffers))
+    return mock.patch.object(device, "prepare", partial(Device.prepare, device))
 
 
 def enqueue_seconds(module: Module) -> float:

@@ -489,7 +489,7 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
     place by their producers or, where one cannot, copied into their slice.
 
     With ``fold_prologues`` the element-wise chains ``plan_prologues`` picks run no
-    kernel: the conv reading each applies it on its data load."""
+    kernel: the conv or pool reading each applies it on its data load."""
     ids: dict[Node, int] = {}
     program = Program(values=[], inputs=[], outputs=[], constants={}, steps=[], aliases={})
 
@@ -556,16 +556,15 @@ def lower(graph: Graph, plan: Mapping[Node, Choice], dialect: str,
                     weight = weight * fold.weight_scale.reshape(1, -1, 1, 1)
                 packed = template.pack_weight(workload, choice.config, weight)
                 args = (args[0], constant(packed.astype(kernel.buffers[1].dtype)), *args[2:])
-            if fold:
-                args += tuple(constant(fold.vectors[op]) for op in fold.prologue.vector_ops)
         elif fold:  # a pool reading the chain's input through its prologue
             kernel = lower_plain(Node(node.op, inputs, node.attrs, node.ty, node.name),
                                  dialect, prologue=fold.prologue)
-            args += tuple(constant(fold.vectors[op]) for op in fold.prologue.vector_ops)
         else:
             kernel = lower_plain(node, dialect, out_block=layouts.get(node, 0))
             if node in layouts:
                 program.blocks[vid] = layouts[node]
+        if fold:  # the prologue's vectors after the reader's own inputs
+            args += tuple(constant(fold.vectors[op]) for op in fold.prologue.vector_ops)
         program.steps.append(Step(f"{node.op} {node.name}".strip(), kernel, (*args, vid)))
     program.outputs = [value_id(n) for n in graph.outputs]
     # a weight a template packed is read in its packed copy only: do not upload both

@@ -109,11 +109,11 @@ def per_item(node: Node, names: Sequence[str], total: int, body: Sequence[str],
     dtypes = {name: arg.ty.dtype for name, arg in zip(names, node.inputs)}
     dtypes |= {b.name: b.dtype for b in extra}
     dtypes["out"] = node.ty.dtype
-    names = [*names, *(b.name for b in extra)]
+    params = [*names, *(b.name for b in extra)]
     # no items (a zero-size tensor): an empty body, which never runs anyway; the body's
     # index arithmetic would divide by the zero-size dims (compilers warn on x / 0)
-    lines = [signature(entry, names, "out", dtypes) + " {", "}"] if total == 0 else [
-        signature(entry, names, "out", dtypes) + " {",
+    lines = [signature(entry, params, "out", dtypes) + " {", "}"] if total == 0 else [
+        signature(entry, params, "out", dtypes) + " {",
         f"  const int i = BLOCK_X * {block} + THREAD_X;",
         f"  if (i >= {total}) return;",
         *indent(list(body)),
