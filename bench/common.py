@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler.templates import Prologue, get_template
+from compiler.templates import Epilogue, Prologue, get_template
 from compiler.templates.ops import Conv2dOp
 from schemas import MeasureErrorNo, MeasureResult, Record
 
@@ -169,32 +169,38 @@ def checked_launch(device: Any, workload: Any, config: Any, io: Any) -> Callable
 
 
 def checked_kernel(device: Any, workload: Any, config: Any, io: Any,
-                   prologue: Prologue | None = None) -> tuple[Any, Any, list[Any]]:
+                   prologue: Prologue | None = None, epilogue: Epilogue | None = None
+                   ) -> tuple[Any, Any, list[Any]]:
     """``config``'s kernel built on ``device`` with activations in ``io``'s layout (and
-    ``prologue`` on its data load: scales in [0.5, 1.5), shifts in [-0.5, 0.5)), run
-    once on seeded operands and its output checked against numpy (SystemExit if it
-    differs): (program, kernel, its buffers), for ``device.launch`` or ``device.time``."""
+    ``prologue`` on its data load: scales in [0.5, 1.5), shifts in [-0.5, 0.5); and
+    ``epilogue`` at its store, a residual in ``io.residual_block``), run once on seeded
+    operands and its output checked against numpy (SystemExit if it differs): (program,
+    kernel, its buffers), for ``device.launch`` or ``device.time``."""
     from compiler.runtime.measure import max_abs_error_ok
-    from compiler.templates import Epilogue
     from compiler.templates.base import from_blocked, to_blocked
     from schemas import MeasureOptions
 
     template = get_template(workload.template)
     rng = np.random.default_rng(0)
-    arrays = template.make_inputs(workload, Epilogue(), rng)
+    epilogue = epilogue or Epilogue()
+    arrays = template.make_inputs(workload, epilogue, rng)
     prologue = prologue or Prologue()
     vectors = {op: rng.uniform(*((0.5, 1.5) if op == "scale" else (-0.5, 0.5)),
                                arrays[0].shape[1]).astype(np.float32)
                for op in prologue.vector_ops}
-    kernel = template.codegen(workload, config, device.dialect, Epilogue(), io, prologue)
+    kernel = template.codegen(workload, config, device.dialect, epilogue, io, prologue)
     program = device.build(kernel)
+    fused = [*(arrays[2:3] if "bias" in epilogue.ops else []),
+             *([to_blocked(arrays[-1], io.residual_block)] if "add" in epilogue.ops else [])]
     args = [device.upload(np.ascontiguousarray(to_blocked(arrays[0], io.data_block))),
             device.upload(template.pack_weight(workload, config, arrays[1])),
+            *(device.upload(np.ascontiguousarray(a)) for a in fused),
             *(device.upload(v) for v in vectors.values()),
             device.alloc(kernel.buffers[-1].shape)]
     device.run(program, kernel, args)
     got = from_blocked(device.download(args[-1], kernel.buffers[-1].shape), io.out_block)
-    want = template.reference(workload, [prologue.apply(arrays[0], vectors), arrays[1]])
+    want = template.reference(workload, [prologue.apply(arrays[0], vectors), *arrays[1:]],
+                              epilogue)
     ok, why = max_abs_error_ok(got, want, MeasureOptions(number=1, repeat=1, min_repeat_ms=0))
     if not ok:
         raise SystemExit(f"{workload.template} {workload.args[:3]} config {config.index}: "

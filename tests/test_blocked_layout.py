@@ -241,12 +241,42 @@ def test_prologue_on_the_direct_template_matches_numpy(device: Device) -> None:
     assert "rm1" in sources[3] and "} else if (owb ==" in sources[0]  # the paths covered
 
 
+# the same 16 -> 64 channel 3x3 conv (1x1 for the 1x1 template) on each CPU template that
+# fuses a residual, at oc_bn 32 in 8-lane vectors
+RESIDUAL_CASES: dict[str, list[object]] = {
+    NAME: nchwc_workload(1, 16, 10, 64, 3, 1, 1).args,
+    "conv2d_NCHWc_1x1.x86": nchwc_workload(1, 16, 6, 64, 1, 1, 0).args,
+    "conv2d_NCHWc_winograd.x86": nchwc_workload(1, 16, 8, 64, 3, 1, 1).args,
+}
+
+
+@pytest.mark.parametrize("name", list(RESIDUAL_CASES))
+def test_a_residual_in_another_block_is_read_a_vector_at_a_time(device: Device,
+                                                                 name: str) -> None:
+    """A tuned record's oc_bn need not be the residual producer's: the epilogue still runs
+    on vectors where vec divides the residual's block (64 or 16 against oc_bn 32), lane by
+    lane where it does not (4, plain); numpy agrees either way."""
+    template = get_template(name)
+    wl = Workload(template=name, args=RESIDUAL_CASES[name])
+    knobs = template.decode(wl, template.default_config(wl))
+    knobs.update(tile_oc=(2, 32), vec=8)
+    cfg = template.space(wl).to_config(knobs)
+    assert template.check_limits(wl, cfg, CPU_LIMITS) == []
+    for rb, vectors in ((64, True), (16, True), (32, True), (4, False), (0, False)):
+        io = IOLayout(16, 32, rb)
+        source = template.codegen(wl, cfg, device.dialect, FULL, io).source
+        assert ("residual[" not in source) == vectors, (rb, vectors)
+        got, want = run_with_prologue(device, template, wl, cfg, FULL, io)
+        ok, why = max_abs_error_ok(got, want, CHECK)
+        assert ok, f"{io}: {why}"
+
+
 @pytest.mark.slow
 @needs_nvcc
 def test_blocked_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
-    """The vector stores and vector epilogue through the CUDA prelude; the blocked
-    max-pool; the 1x1 GEMM's and the direct template's prologues on vectors and floats
-    (the direct one's rows masked)."""
+    """The vector stores and vector epilogue (a residual in another block) through the
+    CUDA prelude; the blocked max-pool; the 1x1 GEMM's and the direct template's
+    prologues on vectors and floats (the direct one's rows masked)."""
     sources = []
     for name in ("res2.3x3", "res5.1x1"):
         for i, (config, io) in enumerate(cases(name)[:3]):
@@ -259,6 +289,12 @@ def test_blocked_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
         knobs = {**gemm.decode(wl, gemm.default_config(wl, DeviceLimits(simd_lanes=16))),
                  "vec": vec}
         k = gemm.codegen(wl, gemm.space(wl).to_config(knobs), "cuda", FULL, io, pre)
+        sources.append(k.source.replace(k.entry, f"{k.entry}_{len(sources)}"))
+    for name in (NAME, "conv2d_NCHWc_1x1.x86"):  # a residual in another block, on vectors
+        t = get_template(name)
+        wl = Workload(template=name, args=RESIDUAL_CASES[name])
+        knobs = {**t.decode(wl, t.default_config(wl)), "tile_oc": (2, 32), "vec": 8}
+        k = t.codegen(wl, t.space(wl).to_config(knobs), "cuda", FULL, IOLayout(16, 32, 64))
         sources.append(k.source.replace(k.entry, f"{k.entry}_{len(sources)}"))
     padded = nchwc_workload(1, 12, 9, 16, 1, 1, 1)  # the direct template's masked rows
     for vec in (16, 1):

@@ -288,6 +288,12 @@ class IOLayout:
     def plain(self) -> bool:
         return not (self.data_block or self.out_block or self.residual_block)
 
+    def residual_vectors(self, vec: int) -> bool:
+        """Whether the residual's channels k0 .. k0 + vec - 1 (k0 a multiple of vec) lie
+        side by side, so a vector epilogue reads them as one vector whatever the output's
+        block: blocked, by a multiple of vec."""
+        return self.residual_block > 0 and self.residual_block % vec == 0
+
 
 def blocked_shape(shape: tuple[int, ...], block: int, what: str = "tensor") -> tuple[int, ...]:
     """The physical shape of an NCHW ``shape`` stored in NCHW[block]c (itself when 0)."""

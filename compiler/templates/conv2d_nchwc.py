@@ -772,9 +772,12 @@ class _Source:
 
     def store_vectors(self) -> list[str]:
         """NCHW[oc_bn]c output: a pixel's oc_bn channels are contiguous, one vector store
-        per accumulator. The epilogue runs on vectors unless the residual is blocked
-        differently or it has activations other than relu; then it is applied lane by
-        lane before the store."""
+        per accumulator. The epilogue runs on vectors unless the residual's vectors are
+        not contiguous (``IOLayout.residual_vectors``: plain NCHW, or a block vec does
+        not divide) or it has activations other than relu; then it is applied lane by
+        lane before the store. A residual in another block than oc_bn (its producer's,
+        a tuned record's oc_bn that differs) is read a vector at a time from a pointer
+        per accumulator vector."""
         op, p, io = self.op, self.p, self.io
         bn, rb = p.oc_bn, io.residual_block
         ops = self.epilogue.ops
@@ -782,9 +785,15 @@ class _Source:
         lines = [f"GLOBAL float* po = out + {base};"]
         if "bias" in ops:
             lines.append(f"GLOBAL const float* pb = bias + kb * {bn};")
-        lane_wise = ("add" in ops and rb != bn) or not self.epilogue.vectorizable
+        lane_wise = ("add" in ops and not io.residual_vectors(p.vec)) \
+            or not self.epilogue.vectorizable
         if "add" in ops and not lane_wise:
-            lines.append(f"GLOBAL const float* pr = residual + {base};")
+            if rb == bn:
+                lines.append(f"GLOBAL const float* pr = residual + {base};")
+            else:
+                lines += [f"GLOBAL const float* pr{v} = residual + "
+                          f"{self.element(rb, f'kb * {bn} + {v * p.vec}', 0, 0)};"
+                          for v in range(p.nvec)]
         for i in range(p.oh_f):
             stores = []
             for j in range(p.reg_n):
@@ -800,7 +809,9 @@ class _Source:
                             stores.append(f"{self.velem(acc, e)} = {value};")
                         value = acc
                     else:
-                        value = self.vector_epilogue(acc, v, off)
+                        residual = (self.vload(v, f"(pr + {off})") if rb == bn else
+                                    self.vload(0, f"(pr{v} + {(i * op.ow + j) * rb})"))
+                        value = self.vector_epilogue(acc, v, residual)
                     if p.vec == 1:
                         stores.append(f"po[{off + v}] = {value};")
                     else:
@@ -811,9 +822,9 @@ class _Source:
                 lines += stores
         return ["{", *indent(lines), "}"]
 
-    def vector_epilogue(self, value: str, v: int, off: int) -> str:
-        """The epilogue on accumulator vector ``v`` of the pixel at ``po + off``: bias
-        lanes from ``pb``, residual lanes from ``pr`` (blocked as the output)."""
+    def vector_epilogue(self, value: str, v: int, residual: str) -> str:
+        """The epilogue on accumulator vector ``v``: bias lanes from ``pb``, the
+        residual's vector as ``residual`` loads it."""
         scalar = self.p.vec == 1  # plain floats, no vector macros
 
         def add(a: str, b: str) -> str:
@@ -823,7 +834,7 @@ class _Source:
             if op == "bias":
                 value = add(value, self.vload(v, "pb"))
             elif op == "add":
-                value = add(value, self.vload(v, f"(pr + {off})"))
+                value = add(value, residual)
             else:
                 value = (f"fmax({value}, 0.0f)" if scalar
                          else f"VMAX({value}, {self.vbcast('0.0f')})")

@@ -453,7 +453,8 @@ class GemmSource:
 
     def store(self) -> list[str]:
         """Each pixel's accumulators through the epilogue: vector stores (and a vector
-        epilogue) into NCHW[oc_bn]c where the epilogue allows it; otherwise (another
+        epilogue) into NCHW[oc_bn]c where the epilogue allows it (a residual in any block
+        that vec divides: a pointer per accumulator vector); otherwise (another
         layout, vec 1, an epilogue applied lane by lane) through a private tile
         (``private_tile``: pixel t's lanes at ``t * oc_bn``, as vec divides oc_bn) and a
         loop over the block's channels and pixels, one lane at a time (vec 1 included: on
@@ -463,7 +464,7 @@ class GemmSource:
         p, io, ep = self.p, self.io, self.epilogue
         bn, ob, rb = p.oc_bn, io.out_block, io.residual_block
         vector = (ob == bn and p.vec > 1 and ep.vectorizable
-                  and ("add" not in ep.ops or rb == bn))
+                  and ("add" not in ep.ops or io.residual_vectors(p.vec)))
         if not vector:
             k = f"kb * {bn} + e"
             value = ep.c_expr(f"tile_f[t * {bn} + e]", f"bias[{k}]",
@@ -479,9 +480,13 @@ class GemmSource:
         lines = [f"GLOBAL float* po = out + ((n * {p.kb} + kb) * {p.pixels} + p0) * {bn};"]
         if "bias" in ep.ops:
             lines.append(f"GLOBAL const float* bk = bias + kb * {bn};")
-        if "add" in ep.ops:
+        if "add" in ep.ops and rb == bn:
             lines.append(f"GLOBAL const float* pr = residual + ((n * {p.kb} + kb) * "
                          f"{p.pixels} + p0) * {bn};")
+        elif "add" in ep.ops:  # another block: a pointer per accumulator vector
+            lines += [f"GLOBAL const float* pr{v} = residual + "
+                      f"{self.element(rb, f'kb * {bn} + {v * p.vec}', 0)};"
+                      for v in range(p.nvec)]
         rem = p.pixels % p.tp
         for t in range(p.tp):
             stores = []
@@ -491,7 +496,9 @@ class GemmSource:
                     if name == "bias":
                         value = f"VADD({value}, {self.vload(v, 'bk')})"
                     elif name == "add":
-                        value = f"VADD({value}, {self.vload(v, f'(pr + {t * bn})')})"
+                        residual = (self.vload(v, f"(pr + {t * bn})") if rb == bn
+                                    else self.vload(0, f"(pr{v} + {t * rb})"))
+                        value = f"VADD({value}, {residual})"
                     else:  # relu: the only other op of a vectorizable epilogue
                         value = f"VMAX({value}, {self.vbcast('0.0f')})"
                 stores.append(f"VSTORE({p.vec}, {value}, {v}, po + {t * bn});")

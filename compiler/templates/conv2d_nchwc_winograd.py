@@ -476,9 +476,9 @@ class _Source:
         alpha, m, vec = p.alpha, p.m, p.vec
         vt = self.vtype(vec)
         a_mat, _, _ = transform_matrices(m)
-        ob, rb = io.out_block, io.residual_block
+        ob = io.out_block
         vector_store = (ob == p.oc_bn and ep.vectorizable
-                        and ("add" not in ep.ops or rb == p.oc_bn))
+                        and ("add" not in ep.ops or io.residual_vectors(vec)))
         lines = [
             signature(ENTRY_OUTPUT, ["M", *extra], "out") + " {",
             "  const int r = BLOCK_X, kb = BLOCK_Y;",
@@ -520,8 +520,9 @@ class _Source:
         return lines
 
     def store_vector(self, value: str, y: str, x: str) -> list[str]:
-        """NCHW[oc_bn]c output (and residual): the pixel's vector of oc lanes k0.. ."""
-        p, vec = self.p, self.p.vec
+        """NCHW[oc_bn]c output: the pixel's vector of oc lanes k0.. (and the residual's,
+        from its own block where that is not oc_bn)."""
+        p, vec, rb = self.p, self.p.vec, self.io.residual_block
         at = (f"(((n * {p.kb} + kb) * {self.op.oh} + {y}) * {self.op.ow} + {x})"
               f" * {p.oc_bn} + v * {vec}")
         out = [f"const int o = {at};"]
@@ -529,7 +530,8 @@ class _Source:
             if name == "bias":
                 value = f"({value} + {self.vload(vec, 'bias + k0')})"
             elif name == "add":
-                value = f"({value} + {self.vload(vec, 'residual + o')})"
+                r = "o" if rb == p.oc_bn else self.element(rb, "k0", y, x)
+                value = f"({value} + {self.vload(vec, f'residual + {r}')})"
             else:  # relu: the only other op of a vectorizable epilogue
                 value = (f"fmax({value}, 0.0f)" if vec == 1
                          else f"VMAX({value}, {self.vbcast(vec, '0.0f')})")
