@@ -5,7 +5,8 @@ and writes its output in (``oc_bn``: the build stores a blocked layer's output i
 ``build_module.plan_layouts``). Our blocked templates read any data block (scalar loads:
 no layout_transform op is ever inserted), but a data block other than the one a config
 was built around changes its index math and cache walk, and a residual blocked other
-than oc_bn turns the vector epilogue into a lane-by-lane one. Taking each layer's
+than oc_bn is read through a pointer per vector (lane by lane where vec does not divide
+its block: ``IOLayout.residual_vectors``). Taking each layer's
 fastest record alone (``select_layers``) ignores that; this module chooses one record
 per layer minimising, over the whole graph,
 

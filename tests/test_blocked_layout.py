@@ -241,34 +241,41 @@ def test_prologue_on_the_direct_template_matches_numpy(device: Device) -> None:
     assert "rm1" in sources[3] and "} else if (owb ==" in sources[0]  # the paths covered
 
 
-# the same 16 -> 64 channel 3x3 conv (1x1 for the 1x1 template) on each CPU template that
-# fuses a residual, at oc_bn 32 in 8-lane vectors
-RESIDUAL_CASES: dict[str, list[object]] = {
-    NAME: nchwc_workload(1, 16, 10, 64, 3, 1, 1).args,
-    "conv2d_NCHWc_1x1.x86": nchwc_workload(1, 16, 6, 64, 1, 1, 0).args,
-    "conv2d_NCHWc_winograd.x86": nchwc_workload(1, 16, 8, 64, 3, 1, 1).args,
+# a 16 -> 64 channel conv on each CPU template that fuses a residual, at oc_bn 32: tails
+# where they have one (the direct 1x1's second row, the GEMMs' last pixel block,
+# Winograd's cropped tiles)
+RESIDUAL_CASES: dict[str, tuple[list[object], dict[str, object]]] = {
+    "direct 3x3": (nchwc_workload(1, 16, 10, 64, 3, 1, 1).args, {}),
+    "direct 1x1": (nchwc_workload(1, 16, 7, 64, 1, 1, 0).args,
+                   {"tile_oh": 2, "tile_ow": (7, 1)}),
+    "conv2d_NCHWc_1x1.x86": (nchwc_workload(1, 16, 7, 64, 1, 1, 0).args, {"tile_p": 6}),
+    "conv2d_NCHWc_gemm.x86": (nchwc_workload(1, 16, 10, 64, 3, 1, 1).args, {"tile_p": 6}),
+    "conv2d_NCHWc_winograd.x86": (nchwc_workload(1, 16, 10, 64, 3, 1, 1).args,
+                                  {"tile_size": 4}),
 }
 
 
-@pytest.mark.parametrize("name", list(RESIDUAL_CASES))
+@pytest.mark.parametrize("case", list(RESIDUAL_CASES))
 def test_a_residual_in_another_block_is_read_a_vector_at_a_time(device: Device,
-                                                                 name: str) -> None:
+                                                                 case: str) -> None:
     """A tuned record's oc_bn need not be the residual producer's: the epilogue still runs
     on vectors where vec divides the residual's block (64 or 16 against oc_bn 32), lane by
-    lane where it does not (4, plain); numpy agrees either way."""
+    lane where it does not (4) and on plain floats (vec 1); numpy agrees either way."""
+    name = case if "." in case else NAME
     template = get_template(name)
-    wl = Workload(template=name, args=RESIDUAL_CASES[name])
-    knobs = template.decode(wl, template.default_config(wl))
-    knobs.update(tile_oc=(2, 32), vec=8)
-    cfg = template.space(wl).to_config(knobs)
-    assert template.check_limits(wl, cfg, CPU_LIMITS) == []
-    for rb, vectors in ((64, True), (16, True), (32, True), (4, False), (0, False)):
+    args, knobs = RESIDUAL_CASES[case]
+    wl = Workload(template=name, args=args)
+    for vec, rb, vectors in ((8, 64, True), (8, 16, True), (8, 4, False), (1, 64, False)):
+        values = {**template.decode(wl, template.default_config(wl)), **knobs,
+                  "tile_oc": (2, 32), "vec": vec}
+        cfg = template.space(wl).to_config(values)
+        assert template.check_limits(wl, cfg, CPU_LIMITS) == []
         io = IOLayout(16, 32, rb)
         source = template.codegen(wl, cfg, device.dialect, FULL, io).source
-        assert ("residual[" not in source) == vectors, (rb, vectors)
+        assert ("residual[" not in source) == vectors, (vec, rb, vectors)
         got, want = run_with_prologue(device, template, wl, cfg, FULL, io)
         ok, why = max_abs_error_ok(got, want, CHECK)
-        assert ok, f"{io}: {why}"
+        assert ok, f"vec {vec} {io}: {why}"
 
 
 @pytest.mark.slow
@@ -290,9 +297,9 @@ def test_blocked_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
                  "vec": vec}
         k = gemm.codegen(wl, gemm.space(wl).to_config(knobs), "cuda", FULL, io, pre)
         sources.append(k.source.replace(k.entry, f"{k.entry}_{len(sources)}"))
-    for name in (NAME, "conv2d_NCHWc_1x1.x86"):  # a residual in another block, on vectors
-        t = get_template(name)
-        wl = Workload(template=name, args=RESIDUAL_CASES[name])
+    for name, case in ((NAME, "direct 3x3"), ("conv2d_NCHWc_1x1.x86", "conv2d_NCHWc_1x1.x86")):
+        t = get_template(name)  # a residual in another block, on vectors
+        wl = Workload(template=name, args=RESIDUAL_CASES[case][0])
         knobs = {**t.decode(wl, t.default_config(wl)), "tile_oc": (2, 32), "vec": 8}
         k = t.codegen(wl, t.space(wl).to_config(knobs), "cuda", FULL, IOLayout(16, 32, 64))
         sources.append(k.source.replace(k.entry, f"{k.entry}_{len(sources)}"))

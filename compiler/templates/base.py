@@ -289,10 +289,11 @@ class IOLayout:
         return not (self.data_block or self.out_block or self.residual_block)
 
     def residual_vectors(self, vec: int) -> bool:
-        """Whether the residual's channels k0 .. k0 + vec - 1 (k0 a multiple of vec) lie
-        side by side, so a vector epilogue reads them as one vector whatever the output's
-        block: blocked, by a multiple of vec."""
-        return self.residual_block > 0 and self.residual_block % vec == 0
+        """Whether a vector epilogue of ``vec``-lane vectors (vec > 1) reads the
+        residual's channels k0 .. k0 + vec - 1 (k0 a multiple of vec) as one vector
+        whatever the output's block: they lie side by side where the residual is
+        blocked by a multiple of vec. Plain floats (vec 1) keep their lane-wise path."""
+        return vec > 1 and self.residual_block > 0 and self.residual_block % vec == 0
 
 
 def blocked_shape(shape: tuple[int, ...], block: int, what: str = "tensor") -> tuple[int, ...]:

@@ -10,8 +10,8 @@ in NCHW[residual_block]c (``blocked_io``): the compiler keeps that layout betwee
 consecutive convolutions (``compiler/build_module.py``). A data block is any divisor of
 C, independent of ic_bn (the data loads are scalar; only their index math changes);
 with out_block = oc_bn each accumulator vector is one vector store (and the epilogue
-runs on vectors when the residual is blocked the same way), any other block stores
-lane by lane.
+runs on vectors when vec divides the residual's block: ``IOLayout.residual_vectors``),
+any other block stores lane by lane.
 
 Kernel: one work-item per (image and output-channel block, ``tile_oh`` output rows, block
 of ``reg_n`` output x); its accumulators ``acc[tile_oh][reg_n][oc_bn / vec]`` are
@@ -785,8 +785,8 @@ class _Source:
         lines = [f"GLOBAL float* po = out + {base};"]
         if "bias" in ops:
             lines.append(f"GLOBAL const float* pb = bias + kb * {bn};")
-        lane_wise = ("add" in ops and not io.residual_vectors(p.vec)) \
-            or not self.epilogue.vectorizable
+        lane_wise = (("add" in ops and rb != bn and not io.residual_vectors(p.vec))
+                     or not self.epilogue.vectorizable)
         if "add" in ops and not lane_wise:
             if rb == bn:
                 lines.append(f"GLOBAL const float* pr = residual + {base};")

@@ -464,7 +464,7 @@ class GemmSource:
         p, io, ep = self.p, self.io, self.epilogue
         bn, ob, rb = p.oc_bn, io.out_block, io.residual_block
         vector = (ob == bn and p.vec > 1 and ep.vectorizable
-                  and ("add" not in ep.ops or io.residual_vectors(p.vec)))
+                  and ("add" not in ep.ops or rb == bn or io.residual_vectors(p.vec)))
         if not vector:
             k = f"kb * {bn} + e"
             value = ep.c_expr(f"tile_f[t * {bn} + e]", f"bias[{k}]",

@@ -478,7 +478,8 @@ class _Source:
         a_mat, _, _ = transform_matrices(m)
         ob = io.out_block
         vector_store = (ob == p.oc_bn and ep.vectorizable
-                        and ("add" not in ep.ops or io.residual_vectors(vec)))
+                        and ("add" not in ep.ops or io.residual_block == p.oc_bn
+                             or io.residual_vectors(vec)))
         lines = [
             signature(ENTRY_OUTPUT, ["M", *extra], "out") + " {",
             "  const int r = BLOCK_X, kb = BLOCK_Y;",
