@@ -9,7 +9,15 @@ config's own oc_bn), each output checked against numpy first. Then the verificat
 noise: per round and place in the round, a verified measurement over the fastest of its
 config's rounds (medians over the tasks), which is 1.0 on a quiet device.
 
+With ``--models``, per layer of each model whose tuned build runs another template or
+config than its untuned build (``select_layers`` with and without the records): the
+untuned choice against the tuned one, in the layout a trial times each (as built),
+alternating, checked against numpy; the templates are separate tasks, so here the build
+compares verified costs measured at different moments of the tuning.
+
     .venv/bin/python bench/tuned_picks.py --database-url sqlite:////tmp/r50.db
+    .venv/bin/python bench/tuned_picks.py --database-url sqlite:////tmp/r50.db \
+        --models resnet50
 """
 
 from __future__ import annotations
@@ -100,6 +108,47 @@ def picks(device: Device, url: str, rounds: int) -> None:
     print(f"# {same} of {len(choices)} tasks build the default config")
 
 
+def layer_picks(device: Device, url: str, model: str, rounds: int) -> None:
+    from common import light_model
+
+    from compiler.build_module import load_graph, select_layers
+    from compiler.passes import optimize
+
+    graph = optimize(load_graph(light_model(model)))
+    untuned, _, _ = select_layers(graph, device.target, None, device.limits)
+    tuned, _, _ = select_layers(graph, device.target, tuner.records.database(url),
+                                device.limits)
+    print(f"\n## {model}: layers whose tuned choice differs from the untuned one\n")
+    print("| layer | untuned: template | tuned: template, verified ms | untuned ms | tuned ms "
+          "| untuned / tuned |")
+    print("|---|---|---|---:|---:|---:|")
+    ratios, timed = [], {}
+    for node, pick in tuned.items():
+        was = untuned[node]
+        if pick.workload.key == was.workload.key and pick.config.index == was.config.index:
+            continue
+        key = (pick.workload.key, pick.config.index, was.workload.key, was.config.index)
+        if key not in timed:  # a repeated block: the same pair, timed once
+            runs = {name: prepared(device, c.workload, c.config, True)
+                    for name, c in (("untuned", was), ("tuned", pick))}
+            times: dict[str, list[float]] = {name: [] for name in runs}
+            for r in range(rounds):
+                for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                    times[name].append(runs[name]())
+            timed[key] = {name: statistics.median(v) for name, v in times.items()}
+        med = timed[key]
+        ratios.append(med["untuned"] / med["tuned"])
+        verified = f"{pick.cost * 1e3:.3f}" if pick.cost is not None else "-"
+        print(f"| {node.name} {pick.workload.args[0][1][1:]} -> {pick.workload.args[1][1][0]} "
+              f"| {was.workload.template} | {pick.workload.template}, {verified} | "
+              f"{med['untuned'] * 1e3:.3f} | {med['tuned'] * 1e3:.3f} | {ratios[-1]:.3f} |")
+    if ratios:
+        geo = float(np.exp(np.mean(np.log(ratios))))
+        slower = sum(r < 1 for r in ratios)
+        print(f"# untuned / tuned, geomean over {len(ratios)} layers: {geo:.3f} (> 1: the "
+              f"tuned choices are faster); {slower} tuned choices slower")
+
+
 def verification_noise(url: str) -> None:
     engine = sa.create_engine(url)
     try:
@@ -141,10 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database-url", required=True)
     p.add_argument("--device", default="opencl:0")
     p.add_argument("--rounds", type=int, default=7, help="alternating timing rounds")
+    p.add_argument("--models", default="", help="light models, comma-separated: per layer")
     args = p.parse_args(argv)
     device = open_device(args.device)
     print_header("bench/tuned_picks.py", device.info.name)
     picks(device, args.database_url, args.rounds)
+    for model in filter(None, args.models.split(",")):
+        layer_picks(device, args.database_url, model, args.rounds)
     verification_noise(args.database_url)
     return 0
 
