@@ -1,0 +1,118 @@
+"""How often does a verification name the faster of two configs? (issue 17, point 5)
+
+A job's verification measures each config as one trial (the verification's options:
+twice the repeats, each >= 100 ms), the configs one after another, two rounds in turned
+order, and ranks them by their upper median. On a device whose speed moves within a
+second that compares timings taken seconds apart. Here, per pair of a ResNet-50 layer's
+candidates (each template's 16-lane default, as a trial times it: data NCHW16c, output
+in its own block), ``--tries`` times:
+
+- trial-level: a then b, then b then a, each a whole measurement (``measure``, as the
+  measuring child runs a trial), the upper medians compared (what the scheduler does);
+- interleaved: the same number of repeats (each >= the verification's min_repeat_ms),
+  alternating a and b every repeat, the medians compared.
+
+The answer each gives is scored against the pair's order by the medians of
+``--truth`` alternating timings taken first. Every kernel is checked against numpy by
+its first measurement.
+
+    .venv/bin/python bench/verify_interleave.py --tries 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections.abc import Callable
+
+from common import print_header
+
+from compiler.runtime import open_device
+from compiler.runtime.device import Device
+from compiler.runtime.measure import (
+    MeasureRequest,
+    build_kernel,
+    measure,
+    operand_buffers,
+    request_kernel,
+)
+from compiler.tasks import CONV1X1_CPU, CONV_CPU
+from compiler.templates import get_template
+from schemas import MeasureOptions, Workload
+from tuner_server.services.dispatch import verify_measure
+
+# (C, image side, K): ResNet-50's 1x1 layers where a tuning's build took the direct
+# template's record over the 1x1 template's default (docs/BENCHMARKS.md)
+LAYERS = ((128, 28, 512), (1024, 14, 256))
+
+
+def request(device: Device, name: str, c: int, side: int, k: int,
+            options: MeasureOptions) -> MeasureRequest:
+    workload = Workload(template=name, args=[
+        ["TENSOR", [1, c, side, side], "float32"], ["TENSOR", [k, c, 1, 1], "float32"],
+        [1, 1], [0, 0, 0, 0], [1, 1], "NCHW", "NCHW", "float32"])
+    config = get_template(name).default_config(workload, device.limits)
+    return MeasureRequest(template=name, workload=workload, config=config, options=options)
+
+
+def repeat_timer(device: Device, req: MeasureRequest) -> Callable[[], float]:
+    """One repeat of ``req``'s kernel as a trial times it (launches enough for its
+    min_repeat_ms), on the operands a trial builds."""
+    template, kernel = request_kernel(device, req)
+    program = build_kernel(device, kernel)
+    buffers = operand_buffers(device, template, kernel, req)
+    device.run(program, kernel, buffers)
+    once = device.time(program, kernel, buffers, 1)
+    number = max(req.options.number,
+                 math.ceil(req.options.min_repeat_ms / 1e3 / max(once, 1e-9)))
+    return lambda: device.time(program, kernel, buffers, number)
+
+
+def trial_cost(device: Device, req: MeasureRequest) -> float:
+    result = measure(device, req)
+    if result.error_no != 0:
+        raise SystemExit(f"{req.template}: {result.error_no.name} {result.error_msg}")
+    return statistics.mean(result.costs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tries", type=int, default=10)
+    parser.add_argument("--truth", type=int, default=41, help="alternating timings")
+    opts = parser.parse_args()
+    device = open_device("opencl:0")
+    print_header("bench/verify_interleave.py", device.info.name)
+    options = MeasureOptions.model_validate(verify_measure(
+        MeasureOptions(number=1, repeat=3, min_repeat_ms=20).model_dump()))
+    print("| layer | a | b | b / a (truth) | trial-level right | interleaved right |")
+    print("|---|---|---|---:|---:|---:|")
+    for c, side, k in LAYERS:
+        a, b = (request(device, name, c, side, k, options) for name in (CONV_CPU, CONV1X1_CPU))
+        trial_cost(device, a), trial_cost(device, b)  # numpy checks, and warm
+        time_a, time_b = repeat_timer(device, a), repeat_timer(device, b)
+        truth_a, truth_b = [], []
+        for _ in range(opts.truth):
+            truth_a.append(time_a())
+            truth_b.append(time_b())
+        ratio = statistics.median(truth_b) / statistics.median(truth_a)
+        right = {"trial": 0, "interleaved": 0}
+        for _ in range(opts.tries):
+            costs_a = [trial_cost(device, a)]
+            costs_b = [trial_cost(device, b), trial_cost(device, b)]
+            costs_a.append(trial_cost(device, a))
+            right["trial"] += (max(costs_b) < max(costs_a)) == (ratio < 1)
+            runs_a, runs_b = [], []
+            for i in range(2 * options.repeat):
+                pair = (time_a, time_b) if i % 2 == 0 else (time_b, time_a)
+                for timer in pair:
+                    (runs_a if timer is time_a else runs_b).append(timer())
+            right["interleaved"] += (statistics.median(runs_b) < statistics.median(runs_a)
+                                     ) == (ratio < 1)
+        print(f"| {c}->{k} 1x1 {side}x{side} | direct default | 1x1 default | {ratio:.3f} | "
+              f"{right['trial']}/{opts.tries} | {right['interleaved']}/{opts.tries} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
