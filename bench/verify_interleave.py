@@ -9,6 +9,9 @@ in its own block), ``--tries`` times:
 
 - trial-level: a then b, then b then a, each a whole measurement (``measure``, as the
   measuring child runs a trial), the upper medians compared (what the scheduler does);
+- short rounds: the same repeats as ``--short-rounds`` rounds of shorter trials (the
+  repeats spread over the rounds, each as long), a and b in turned order, the upper
+  medians of the rounds compared (the scheduler's plan with more, shorter rounds);
 - interleaved: the same number of repeats (each >= the verification's min_repeat_ms),
   alternating a and b every repeat, the medians compared.
 
@@ -22,6 +25,7 @@ its first measurement.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable
@@ -76,17 +80,25 @@ def trial_cost(device: Device, req: MeasureRequest) -> float:
     return statistics.mean(result.costs)
 
 
+def upper_median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tries", type=int, default=10)
     parser.add_argument("--truth", type=int, default=41, help="alternating timings")
+    parser.add_argument("--short-rounds", type=int, default=6)
     opts = parser.parse_args()
     device = open_device("opencl:0")
     print_header("bench/verify_interleave.py", device.info.name)
     options = MeasureOptions.model_validate(verify_measure(
         MeasureOptions(number=1, repeat=3, min_repeat_ms=20).model_dump()))
-    print("| layer | a | b | b / a (truth) | trial-level right | interleaved right |")
-    print("|---|---|---|---:|---:|---:|")
+    repeats = 2 * options.repeat  # per config: two rounds of a whole trial's
+    short = options.model_copy(update={"repeat": repeats // opts.short_rounds})
+    print("| layer | a | b | b / a (truth) | trial-level right | short rounds right "
+          "| interleaved right |")
+    print("|---|---|---|---:|---:|---:|---:|")
     for c, side, k in LAYERS:
         a, b = (request(device, name, c, side, k, options) for name in (CONV_CPU, CONV1X1_CPU))
         trial_cost(device, a), trial_cost(device, b)  # numpy checks, and warm
@@ -96,12 +108,18 @@ def main() -> None:
             truth_a.append(time_a())
             truth_b.append(time_b())
         ratio = statistics.median(truth_b) / statistics.median(truth_a)
-        right = {"trial": 0, "interleaved": 0}
+        right = {"trial": 0, "short": 0, "interleaved": 0}
+        short_a, short_b = (dataclasses.replace(r, options=short) for r in (a, b))
         for _ in range(opts.tries):
             costs_a = [trial_cost(device, a)]
             costs_b = [trial_cost(device, b), trial_cost(device, b)]
             costs_a.append(trial_cost(device, a))
             right["trial"] += (max(costs_b) < max(costs_a)) == (ratio < 1)
+            rounds_a, rounds_b = [], []
+            for r in range(opts.short_rounds):
+                for req in ((short_a, short_b) if r % 2 == 0 else (short_b, short_a)):
+                    (rounds_a if req is short_a else rounds_b).append(trial_cost(device, req))
+            right["short"] += (upper_median(rounds_b) < upper_median(rounds_a)) == (ratio < 1)
             runs_a, runs_b = [], []
             for i in range(2 * options.repeat):
                 pair = (time_a, time_b) if i % 2 == 0 else (time_b, time_a)
@@ -110,7 +128,8 @@ def main() -> None:
             right["interleaved"] += (statistics.median(runs_b) < statistics.median(runs_a)
                                      ) == (ratio < 1)
         print(f"| {c}->{k} 1x1 {side}x{side} | direct default | 1x1 default | {ratio:.3f} | "
-              f"{right['trial']}/{opts.tries} | {right['interleaved']}/{opts.tries} |",
+              f"{right['trial']}/{opts.tries} | {right['short']}/{opts.tries} | "
+              f"{right['interleaved']}/{opts.tries} |",
               flush=True)
 
 
