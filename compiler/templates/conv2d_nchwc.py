@@ -772,12 +772,12 @@ class _Source:
 
     def store_vectors(self) -> list[str]:
         """NCHW[oc_bn]c output: a pixel's oc_bn channels are contiguous, one vector store
-        per accumulator. The epilogue runs on vectors unless the residual's vectors are
-        not contiguous (``IOLayout.residual_vectors``: plain NCHW, or a block vec does
-        not divide) or it has activations other than relu; then it is applied lane by
-        lane before the store. A residual in another block than oc_bn (its producer's,
-        a tuned record's oc_bn that differs) is read a vector at a time from a pointer
-        per accumulator vector."""
+        per accumulator. The epilogue runs on vectors unless it has activations other
+        than relu or the residual lies in another block whose vectors cannot be read as
+        such (``IOLayout.residual_vectors``: plain NCHW, a block vec does not divide, vec
+        1); then it is applied lane by lane before the store. A residual in another
+        block that can (its producer's, where a tuned record's oc_bn differs) is read a
+        vector at a time from a pointer per accumulator vector."""
         op, p, io = self.op, self.p, self.io
         bn, rb = p.oc_bn, io.residual_block
         ops = self.epilogue.ops
