@@ -31,9 +31,11 @@ from collections.abc import Callable
 
 import numpy as np
 import sqlalchemy as sa
-from common import checked_launch, print_header
+from common import checked_launch, light_model, print_header
 
 import tuner
+from compiler.build_module import load_graph, select_layers
+from compiler.passes import optimize
 from compiler.records import choose_configs
 from compiler.runtime import Device, open_device
 from compiler.templates import IOLayout, get_template
@@ -109,11 +111,6 @@ def picks(device: Device, url: str, rounds: int) -> None:
 
 
 def layer_picks(device: Device, url: str, model: str, rounds: int) -> None:
-    from common import light_model
-
-    from compiler.build_module import load_graph, select_layers
-    from compiler.passes import optimize
-
     graph = optimize(load_graph(light_model(model)))
     untuned, _, _ = select_layers(graph, device.target, None, device.limits)
     tuned, _, _ = select_layers(graph, device.target, tuner.records.database(url),

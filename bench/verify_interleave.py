@@ -101,7 +101,8 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|")
     for c, side, k in LAYERS:
         a, b = (request(device, name, c, side, k, options) for name in (CONV_CPU, CONV1X1_CPU))
-        trial_cost(device, a), trial_cost(device, b)  # numpy checks, and warm
+        for req in (a, b):  # numpy checks, and warm
+            trial_cost(device, req)
         time_a, time_b = repeat_timer(device, a), repeat_timer(device, b)
         truth_a, truth_b = [], []
         for _ in range(opts.truth):
