@@ -347,6 +347,10 @@ class LeasedTrial(BaseModel):
     config: dict[str, Any] = Field(description="AutoTVM's config object")
     target: str = Field(description="the job's target")
     measure: dict[str, Any] = Field(description="the job's MeasureOptions")
+    verify_round: int = Field(
+        0, ge=0, description="0: a search trial; n > 0: the task's nth verification "
+                             "round, which a worker times side by side with the other "
+                             "verification trials of its batch")
     lease_deadline: float | None = Field(description="unix seconds; heartbeat before it")
 
 

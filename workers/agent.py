@@ -1,6 +1,8 @@
 """The worker loop: register, lease trials, measure each in an isolated child, report,
 all through ``tuner_client``. A leased batch's kernels are first built ahead by builder
-processes (``compiler.runtime.prebuild``), so the measuring child finds them compiled.
+processes (``compiler.runtime.prebuild``), so the measuring child finds them compiled;
+its verification trials are then timed side by side, their repeats interleaved, so the
+configs a build chooses between are compared under the same device speed.
 
 A kernel that hangs or crashes costs one trial (error 7 or 4) because measuring runs in
 a child process; a trial that cannot even be set up (bad options, a config that does not
@@ -78,7 +80,7 @@ class WorkerAgent:
         self._batch, self._wait_s, self._heartbeat_s = batch, wait_s, heartbeat_s
         self._lease_s = DEFAULT_LEASE_S
         self._held: list[int] = []
-        self._current: int | None = None  # the trial being measured
+        self._current: set[int] = set()  # the trials being measured
         self._dropped: set[int] = set()  # trials of this batch that are no longer ours
         self._give_up_at: float | None = None  # stopping: when to stop retrying reports
         self._lock = threading.Lock()
@@ -178,7 +180,7 @@ class WorkerAgent:
             self._dropped.add(trial_id)
             if trial_id in self._held:
                 self._held.remove(trial_id)
-            if self._current == trial_id:
+            if trial_id in self._current:
                 self._measurer.close()
 
     def run(self, max_trials: int | None = None, idle_exit_s: float | None = None) -> int:
@@ -243,10 +245,14 @@ class WorkerAgent:
                 self._dropped = set()
             requests = {t.trial_id: self._request(t) for t in trials}
             self._prebuild([r for r in requests.values() if isinstance(r, MeasureRequest)])
+            done = self._measure_side_by_side(
+                [t for t in trials if t.verify_round
+                 and isinstance(requests[t.trial_id], MeasureRequest)], requests)
             for trial in trials:
                 if self.stopping.is_set():
                     break
-                self._measure_and_report(trial, requests[trial.trial_id])
+                if trial.trial_id not in done:
+                    self._measure_and_report(trial, requests[trial.trial_id])
             self._release_held()
 
     def _prebuild(self, requests: list[MeasureRequest]) -> None:
@@ -307,21 +313,61 @@ class WorkerAgent:
         with self._lock:
             return trial_id in self._dropped
 
+    def _measure_side_by_side(self, trials: list[LeasedTrial],
+                              requests: dict[int, MeasureRequest | MeasureResult]) -> set[int]:
+        """A batch's verification trials (two or more) timed side by side, their repeats
+        interleaved (``IsolatedMeasurer.measure_group``), so the device's drift within
+        seconds falls on every config alike and their costs compare; returns the ids
+        reported. Any the group left unmeasured (it hung, crashed, or a device error
+        ended it) are the caller's to measure alone, where a failure is blamed on the
+        trial that caused it."""
+        with self._lock:
+            trials = [t for t in trials if t.trial_id not in self._dropped]
+            if len(trials) < 2:
+                return set()
+            self._current = {t.trial_id for t in trials}
+        log.info("measuring trials %s side by side", ", ".join(str(t.trial_id) for t in trials))
+        group = [requests[t.trial_id] for t in trials]
+        results: list[MeasureResult | None] = [None] * len(trials)
+        try:
+            with self._quiet:
+                results = self._measurer.measure_group(group)  # type: ignore[arg-type]
+        except Exception as err:  # noqa: BLE001 - each is measured alone instead
+            if not self._aborted:
+                log.warning("measuring trials side by side failed (%s); measuring each "
+                            "alone", _text(err))
+            self._measurer.close()
+        finally:
+            with self._lock:
+                self._current = set()
+        done = set()
+        for trial, result in zip(trials, results, strict=True):
+            if result is not None:
+                done.add(trial.trial_id)
+                self._finish(trial, requests[trial.trial_id], result)
+        return done
+
     def _measure_and_report(self, trial: LeasedTrial,
                             request: MeasureRequest | MeasureResult) -> None:
         trial_id = trial.trial_id
         with self._lock:
             if trial_id in self._dropped:  # a heartbeat learned it is no longer ours
                 return
-            self._current = trial_id
+            self._current = {trial_id}
         log.info("measuring trial %s (%s)", trial_id, trial.template)
         try:
             with self._quiet:
                 result = self.measure_trial(trial, request)
         finally:
             with self._lock:
-                self._current = None
-        if self._aborted or self._no_longer_ours(trial_id):  # goes back, or is not ours
+                self._current = set()
+        self._finish(trial, request, result)
+
+    def _finish(self, trial: LeasedTrial, request: MeasureRequest | MeasureResult,
+                result: MeasureResult) -> None:
+        """Report a measured trial, unless it went back or is no longer ours."""
+        trial_id = trial.trial_id
+        if self._aborted or self._no_longer_ours(trial_id):
             return
         layout = timed_layout(request) if isinstance(request, MeasureRequest) else None
         self._report(trial_id, result, layout)

@@ -20,7 +20,7 @@ from typing import Any
 
 from compiler.runtime.child import child_connection, kill_group, spawn_child
 from compiler.runtime.device import is_cpu
-from compiler.runtime.measure import MeasureRequest, measure
+from compiler.runtime.measure import MeasureRequest, measure, measure_group
 from compiler.runtime.prebuild import BuildPool, PrebuildReport, prebuild_enabled
 from schemas import MeasureErrorNo, MeasureResult
 
@@ -48,6 +48,11 @@ def _serve(conn: Connection, device_spec: str | None, target: str | None,
                 request = conn.recv()
             except EOFError:
                 return
+            if isinstance(request, list):  # a group, timed side by side
+                results = measure_group(device, request,
+                                        on_stage=lambda s: conn.send(("stage", s)))
+                conn.send(("results", results))
+                continue
             result = measure(device, request, on_stage=lambda s: conn.send(("stage", s)))
             conn.send(("result", result))
 
@@ -126,19 +131,70 @@ class IsolatedMeasurer:
         if thread is not None:
             thread.join()
 
-    def measure(self, request: MeasureRequest) -> MeasureResult:
+    def _wait_ahead(self, request: MeasureRequest) -> None:
+        """A request being built ahead: the builders' try first, within its deadline."""
         ahead = self._ahead.pop(id(request), None)
-        if ahead is not None:  # being built ahead: the builders' try first, within its deadline
+        if ahead is not None:
             ahead.wait(request.options.timeout_s)
+
+    def measure(self, request: MeasureRequest) -> MeasureResult:
+        self._wait_ahead(request)
         start = time.time()
         conn = self._send(request)
         if conn is None:
             return MeasureResult.failure(
                 MeasureErrorNo.RUNTIME_DEVICE, "the measurement process could not be "
                 "restarted (it died between trials)", all_cost=time.time() - start)
-        # Any deadline, even 1e300 s or infinity: waited for in steps a poll() can take.
-        deadline = start + request.options.timeout_s
-        stage = "build"
+        kind, payload = self._receive(conn, "build", start + request.options.timeout_s)
+        if kind == "died":
+            code = self._exitcode()  # before _kill_child(), which forgets the process
+            self._kill_child()
+            return MeasureResult.failure(
+                MeasureErrorNo.RUNTIME_DEVICE,
+                f"measurement process died during {payload} (exit code {code})",
+                all_cost=time.time() - start)
+        if kind == "timeout":
+            self._kill_child()
+            error_no = (MeasureErrorNo.RUN_TIMEOUT if payload == "run"
+                        else MeasureErrorNo.BUILD_TIMEOUT)
+            return MeasureResult.failure(
+                error_no, f"{payload} did not finish within {request.options.timeout_s:g} s",
+                all_cost=time.time() - start)
+        if payload.error_no == MeasureErrorNo.RUNTIME_DEVICE:
+            self._kill_child()  # the device may be unusable: the next trial, a fresh child
+        return payload  # type: ignore[no-any-return]
+
+    def measure_group(self, requests: Sequence[MeasureRequest]
+                      ) -> list[MeasureResult | None]:
+        """Time ``requests`` side by side in the child (``measure.measure_group``): their
+        results, None for each one the group left unmeasured. A group that hangs or
+        crashes the child leaves every member None: measured alone (:meth:`measure`),
+        each then costs only its own trial. A member's deadline is its ``timeout_s``
+        from each step the child starts on it (build, check, a repeat)."""
+        results: list[MeasureResult | None] = [None] * len(requests)
+        for request in requests:
+            self._wait_ahead(request)
+        conn = self._send(list(requests))
+        if conn is None:
+            return results
+        kind, payload = self._receive(
+            conn, (0, "build"), time.time() + requests[0].options.timeout_s,
+            lambda stage: time.time() + requests[stage[0]].options.timeout_s)
+        if kind in ("died", "timeout"):
+            self._kill_child()
+            return results
+        if any(r is not None and r.error_no == MeasureErrorNo.RUNTIME_DEVICE
+               for r in payload):
+            self._kill_child()  # the device may be unusable: the rest, a fresh child
+        return payload  # type: ignore[no-any-return]
+
+    def _receive(self, conn: Connection, stage: Any, deadline: float,
+                 restart: Callable[[Any], float] | None = None) -> tuple[str, Any]:
+        """The child's answer to what was sent: ("result" or "results", it), or
+        ("died", stage) or ("timeout", stage) with the stage it was in. The child names
+        each stage it starts; ``restart`` gives a stage its own deadline (else one
+        deadline covers them all). Any deadline, even 1e300 s or infinity: waited for in
+        steps a poll() can take."""
         while True:
             left = deadline - time.time()
             try:
@@ -146,29 +202,18 @@ class IsolatedMeasurer:
                 if ready:
                     kind, payload = conn.recv()
             except (EOFError, OSError):  # the child died, or close() from another thread
-                code = self._exitcode()  # before _kill_child(), which forgets the process
-                self._kill_child()
-                return MeasureResult.failure(
-                    MeasureErrorNo.RUNTIME_DEVICE,
-                    f"measurement process died during {stage} (exit code "
-                    f"{code})", all_cost=time.time() - start)
+                return "died", stage
             if not ready:
                 if left > 0:  # a step of a long deadline, not the end of it
                     continue
-                self._kill_child()
-                error_no = (MeasureErrorNo.RUN_TIMEOUT if stage == "run"
-                            else MeasureErrorNo.BUILD_TIMEOUT)
-                return MeasureResult.failure(
-                    error_no, f"{stage} did not finish within {request.options.timeout_s:g} s",
-                    all_cost=time.time() - start)
-            if kind == "stage":
-                stage = payload
-                continue
-            if payload.error_no == MeasureErrorNo.RUNTIME_DEVICE:
-                self._kill_child()  # the device may be unusable: the next trial, a fresh child
-            return payload  # type: ignore[no-any-return]
+                return "timeout", stage
+            if kind != "stage":
+                return kind, payload
+            stage = payload
+            if restart is not None:
+                deadline = restart(stage)
 
-    def _send(self, request: MeasureRequest) -> Connection | None:
+    def _send(self, request: MeasureRequest | list[MeasureRequest]) -> Connection | None:
         """Hand ``request`` to the child, starting a fresh one if the last one died
         between trials; None if even a fresh one cannot take it."""
         for _attempt in range(2):

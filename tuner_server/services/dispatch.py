@@ -229,7 +229,8 @@ def lease(session: Session, queue: DispatchQueue, worker: Worker, limit: int,
         measure = verify_measure(task.measure) if trial.verify_round else task.measure
         out.append(LeasedTrial(trial_id=trial.id, task_id=task.id, template=task.template,
                                args=task.args, config=trial.config, target=task.target,
-                               measure=measure, lease_deadline=trial.lease_deadline))
+                               measure=measure, verify_round=trial.verify_round or 0,
+                               lease_deadline=trial.lease_deadline))
     return out, failed
 
 
