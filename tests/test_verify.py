@@ -557,3 +557,61 @@ def test_embedded_tune_ends_verified_and_records_best_is_the_verified_winner(
     line = json.loads(next(s for s in proc.stdout.splitlines() if s.startswith("{")))
     assert line["config"]["index"] == winner
     assert sum(line["result"][0]) / len(line["result"][0]) == pytest.approx(medians[winner])
+
+
+def test_a_layers_templates_verify_together_once_each_has_searched(
+        sessions: sessionmaker[Session]) -> None:
+    """Two templates' tasks of one layer, and a task of another layer: the layer's task
+    whose search ends first waits (verifying, nothing queued) until the other's is in;
+    then both verify, their rounds in turn and each round's configs in turn across the
+    tasks (each task's own order kept), so a worker's batch holds the candidates the
+    build compares. The other layer's task verifies at once, on its own."""
+    state = SearchState()
+    worker = _worker(sessions)
+    other = Workload(template=DENSE, args=[["TENSOR", [1, 128], "float32"],
+                                           ["TENSOR", [64, 128], "float32"], None, "float32"])
+    with sessions.begin() as session:
+        job_id = jobs.submit(session, JobRequest(
+            target=Target.parse(TARGET), n_trial=3, plan_size=3, tuner="random",
+            tasks=[WORKLOAD, Workload(template="dense_pack.x86", args=DENSE_ARGS), other],
+            measure=MEASURE, verify_top=3))
+    assert len(_plan(sessions, state)) == 9
+    with sessions.begin() as session:
+        a, b, c = session.scalars(select(TaskRow.id).where(TaskRow.job_id == job_id)
+                                  .order_by(TaskRow.id)).all()
+        db_worker = dispatch.get_worker(session, worker)
+        assert db_worker is not None
+        leased = dispatch.lease(session, SqlQueue(), db_worker, 9, 60.0)[0]
+
+    def report(trials: list[Any]) -> None:
+        with sessions.begin() as session:
+            db_worker = dispatch.get_worker(session, worker)
+            assert db_worker is not None
+            dispatch.report(session, db_worker, [(
+                t.trial_id, MeasureResult(costs=(1e-3 * (1 + t.trial_id),),
+                                          error_no=MeasureErrorNo.NO_ERROR, all_cost=0.1,
+                                          timestamp=time.time()), None) for t in trials])
+
+    def verification(*task_ids: int) -> list[tuple[int, int, int]]:
+        with sessions() as session:
+            return [(t.task_id, t.verify_round, t.config_index) for t in session.scalars(
+                select(TrialRow).where(TrialRow.verify_round > 0,
+                                       TrialRow.task_id.in_(task_ids)).order_by(TrialRow.id))]
+
+    report([t for t in leased if t.task_id != b])
+    assert len(_plan(sessions, state)) == 3 * VERIFY_MIN_ROUNDS  # the other layer's task
+    assert {task for task, _, _ in verification(a, b, c)} == {c}
+    with sessions() as session:
+        assert [t.status for t in session.scalars(select(TaskRow).order_by(TaskRow.id))] == [
+            "verifying", "running", "verifying"]
+    assert _plan(sessions, state) == []  # a still waits for b
+    report([t for t in leased if t.task_id == b])
+    assert len(_plan(sessions, state)) == 6 * VERIFY_MIN_ROUNDS
+    both = verification(a, b)
+    assert [(task, r) for task, r, _ in both] == [
+        (task, r) for r in range(1, VERIFY_MIN_ROUNDS + 1) for _ in range(3)
+        for task in (a, b)]
+    for task in (a, b):
+        configs = [i for t, r, i in both if t == task and r == 1]
+        assert [i for t, r, i in both if t == task] == [
+            i for r in range(1, VERIFY_MIN_ROUNDS + 1) for i in _turned(configs, r)]

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -325,9 +326,11 @@ def _end_task(session: Session, task: TaskRow) -> None:
                                else (TaskStatus.DONE, None))
 
 
-def _leased(session: Session, task_id: int) -> int:
+def _trials_in(session: Session, task_id: int, *statuses: TrialStatus) -> int:
+    """The task's trials in these states now (a pass's ``outstanding`` is as it began:
+    a sibling's pass may have queued its verification since)."""
     return session.scalar(select(func.count()).select_from(TrialRow).where(
-        TrialRow.task_id == task_id, TrialRow.status == TrialStatus.LEASED)) or 0
+        TrialRow.task_id == task_id, TrialRow.status.in_(statuses))) or 0
 
 
 def _verification(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow]:
@@ -419,21 +422,54 @@ def _next_round(session: Session, task: TaskRow) -> list[TrialRow]:
 
 def _end_search(session: Session, job: JobRow, task: TaskRow) -> Sequence[QueuedTrial]:
     """A task whose search ended (budget, early stopping, space exhausted) is verified
-    (``_verification``) once its leased search trials are in, then ends; a job without
-    verification ends it at once."""
+    once its leased search trials are in (``_verify_layer``: with its layer's other
+    templates, VERIFYING meanwhile), then ends; a job without verification ends it at
+    once."""
     withdraw_queued(session, [task.id])  # early stop: the rest of the plan is not needed
     if job.verify_top <= 0:
         _end_task(session, task)
         return []
-    if _leased(session, task.id):
+    if _trials_in(session, task.id, TrialStatus.LEASED):
         return []  # their results may be among the best
-    trials = _verification(session, job, task)
-    if not trials:
-        _end_task(session, task)
-        return []
-    session.add_all(trials)  # in this order: the queue hands them out by id
     task.status = TaskStatus.VERIFYING
-    return trials
+    return _verify_layer(session, job, task)
+
+
+def _verify_layer(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow]:
+    """The first rounds of the verification (``_verification``) of every task of
+    ``task``'s layer (the job's tasks of its args: one a template) that waits for it,
+    once none of them is still searching. The build compares the layer's templates by
+    their verified costs, so they are measured side by side: the tasks' rounds in
+    turn, each round's configs taken in turn across the tasks (best first, defaults
+    last), in the order the queue hands them out; a worker times a batch's verification
+    trials interleaved (``IsolatedMeasurer.measure_group``). A task with nothing to
+    verify ends. Empty while a task of the layer still searches."""
+    layer = [t for t in session.scalars(select(TaskRow).where(
+        TaskRow.job_id == job.id, TaskRow.status.in_(ACTIVE)).order_by(TaskRow.id))
+        if t.args == task.args]
+    if any(t.status != TaskStatus.VERIFYING for t in layer):
+        return []
+    plans: list[list[TrialRow]] = []
+    for waiting in layer:
+        if _verifying(session, waiting.id):
+            continue
+        trials = _verification(session, job, waiting)
+        if trials:
+            plans.append(trials)
+        else:
+            _end_task(session, waiting)
+    ordered = [trial for round_ in range(1, VERIFY_MIN_ROUNDS + 1)
+               for rank in zip_longest(*[[t for t in plan if t.verify_round == round_]
+                                         for plan in plans])
+               for trial in rank if trial is not None]
+    session.add_all(ordered)  # in this order: the queue hands them out by id
+    return ordered
+
+
+def _verifying(session: Session, task_id: int) -> bool:
+    """Whether the task's verification is planned (a round queued, leased or in)."""
+    return session.scalar(select(TrialRow.id).where(
+        TrialRow.task_id == task_id, TrialRow.verify_round > 0).limit(1)) is not None
 
 
 def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimits | None,
@@ -441,7 +477,9 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimit
     """Plan what the task lacks of a full plan, or end it. ``outstanding``: its trials
     queued or leased when the pass began."""
     if task.status == TaskStatus.VERIFYING:  # a round more while in doubt, else the end
-        if outstanding:
+        if not _verifying(session, task.id):  # waiting for its layer to end searching
+            return _verify_layer(session, job, task)
+        if outstanding or _trials_in(session, task.id, *OUTSTANDING):
             return []
         again = _next_round(session, task)
         if not again:
