@@ -1,11 +1,12 @@
 """How often does a verification name the faster of two configs? (issue 17, point 5)
 
-A job's verification measures each config as one trial (the verification's options:
+A job's verification measured each config as one trial (the verification's options:
 twice the repeats, each >= 100 ms), the configs one after another, two rounds in turned
-order, and ranks them by their upper median. On a device whose speed moves within a
-second that compares timings taken seconds apart. Here, per pair of a ResNet-50 layer's
-candidates (each template's 16-lane default, as a trial times it: data NCHW16c, output
-in its own block), ``--tries`` times:
+order, and ranked them by their upper median; on a device whose speed moves within a
+second that compares timings taken seconds apart. A worker now times a batch's
+verification trials the third way below (``measure_group``). Here, per pair of a
+ResNet-50 layer's candidates (each template's 16-lane default, as a trial times it: data
+NCHW16c, output in its own block), ``--tries`` times:
 
 - trial-level: a then b, then b then a, each a whole measurement (``measure``, as the
   measuring child runs a trial), the upper medians compared (what the scheduler does);
@@ -13,7 +14,8 @@ in its own block), ``--tries`` times:
   repeats spread over the rounds, each as long), a and b in turned order, the upper
   medians of the rounds compared (the scheduler's plan with more, shorter rounds);
 - interleaved: the same number of repeats (each >= the verification's min_repeat_ms),
-  alternating a and b every repeat, the medians compared.
+  alternating a and b every repeat, the medians compared: ``measure_group``, as a worker
+  times a batch's verification trials.
 
 The answer each gives is scored against the pair's order by the medians of
 ``--truth`` alternating timings taken first. Every kernel is checked against numpy by
@@ -38,6 +40,7 @@ from compiler.runtime.measure import (
     MeasureRequest,
     build_kernel,
     measure,
+    measure_group,
     operand_buffers,
     request_kernel,
 )
@@ -96,6 +99,7 @@ def main() -> None:
         MeasureOptions(number=1, repeat=3, min_repeat_ms=20).model_dump()))
     repeats = 2 * options.repeat  # per config: two rounds of a whole trial's
     short = options.model_copy(update={"repeat": repeats // opts.short_rounds})
+    long = options.model_copy(update={"repeat": repeats})
     print("| layer | a | b | b / a (truth) | trial-level right | short rounds right "
           "| interleaved right |")
     print("|---|---|---|---:|---:|---:|---:|")
@@ -111,6 +115,7 @@ def main() -> None:
         ratio = statistics.median(truth_b) / statistics.median(truth_a)
         right = {"trial": 0, "short": 0, "interleaved": 0}
         short_a, short_b = (dataclasses.replace(r, options=short) for r in (a, b))
+        long_a, long_b = (dataclasses.replace(r, options=long) for r in (a, b))
         for _ in range(opts.tries):
             costs_a = [trial_cost(device, a)]
             costs_b = [trial_cost(device, b), trial_cost(device, b)]
@@ -121,13 +126,11 @@ def main() -> None:
                 for req in ((short_a, short_b) if r % 2 == 0 else (short_b, short_a)):
                     (rounds_a if req is short_a else rounds_b).append(trial_cost(device, req))
             right["short"] += (upper_median(rounds_b) < upper_median(rounds_a)) == (ratio < 1)
-            runs_a, runs_b = [], []
-            for i in range(2 * options.repeat):
-                pair = (time_a, time_b) if i % 2 == 0 else (time_b, time_a)
-                for timer in pair:
-                    (runs_a if timer is time_a else runs_b).append(timer())
-            right["interleaved"] += (statistics.median(runs_b) < statistics.median(runs_a)
-                                     ) == (ratio < 1)
+            side_a, side_b = measure_group(device, [long_a, long_b])
+            if side_a is None or side_b is None or not (side_a.ok and side_b.ok):
+                raise SystemExit(f"measure_group: {side_a}, {side_b}")
+            right["interleaved"] += (statistics.median(side_b.costs)
+                                     < statistics.median(side_a.costs)) == (ratio < 1)
         print(f"| {c}->{k} 1x1 {side}x{side} | direct default | 1x1 default | {ratio:.3f} | "
               f"{right['trial']}/{opts.tries} | {right['short']}/{opts.tries} | "
               f"{right['interleaved']}/{opts.tries} |",

@@ -51,7 +51,8 @@ class JobStatus(StrEnum):
     QUEUED = "queued"  # submitted, nothing planned yet
     RUNNING = "running"  # trials planned
     # a task only (its job stays running): the search ended and its best configs and
-    # the template's default are measured again side by side (verify_top)
+    # the template's default are measured again side by side (verify_top), with its
+    # layer's other templates' (it waits for their searches to end)
     VERIFYING = "verifying"
     DONE = "done"  # every task reached its budget or stopped early
     CANCELLED = "cancelled"

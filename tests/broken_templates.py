@@ -14,6 +14,7 @@ the measuring child registers them too.
 - ``broken_skip.test``:    kernel that never writes its output  -> error 5 WRONG_ANSWER
 - ``broken_compiler.test``: codegen that runs a "compiler" process (``sleep``) and waits
   for it, writing its pid to the file named by $BROKEN_COMPILER_PIDFILE -> error 6
+- ``slow_codegen.test``: a correct kernel whose codegen takes 0.8 s (a slow compiler)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import time
 from abc import abstractmethod
 from typing import Any
 
@@ -136,6 +138,17 @@ class BrokenCompiler(DenseSmallBatch):
         return super()._codegen(op, knobs, epilogue)
 
 
+class SlowCodegen(DenseSmallBatch):
+    """A correct kernel whose code generation takes ``SECONDS`` (a slow compiler)."""
+
+    name = "slow_codegen.test"
+    SECONDS = 0.8
+
+    def _codegen(self, op: DenseOp, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel:
+        time.sleep(self.SECONDS)
+        return super()._codegen(op, knobs, epilogue)
+
+
 BROKEN_COMPILE = BrokenCompile()
 BROKEN_WRONG = BrokenWrong()
 BROKEN_HANG = BrokenHang()
@@ -143,7 +156,8 @@ BROKEN_FAULT = BrokenFault()
 BROKEN_SKIP = BrokenSkip()
 BROKEN_LAUNCH = BrokenLaunch()
 BROKEN_COMPILER = BrokenCompiler()
+SLOW_CODEGEN = SlowCodegen()
 
 for _template in (BROKEN_COMPILE, BROKEN_WRONG, BROKEN_HANG, BROKEN_FAULT, BROKEN_SKIP,
-                  BROKEN_LAUNCH, BROKEN_COMPILER):
+                  BROKEN_LAUNCH, BROKEN_COMPILER, SLOW_CODEGEN):
     register_template(_template)

@@ -10,6 +10,7 @@ finish to be measured alone, where the blame lands on the trial that caused it.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,13 @@ def test_members_are_checked_then_their_repeats_interleave_in_turned_order(
 
 
 @needs_opencl
-def test_a_device_error_fails_its_member_and_leaves_the_rest_to_measure_alone(
+def test_a_device_error_leaves_every_member_without_a_failure_to_measure_alone(
         device: Device) -> None:
-    results = measure_group(device, [request(), request(broken_templates.BROKEN_LAUNCH.name),
-                                     request()])
-    assert results[0] is None and results[2] is None
-    assert results[1] is not None and results[1].error_no == MeasureErrorNo.RUNTIME_DEVICE
+    """The device may be unusable, and the error the group's (every member's buffers are
+    alive at once): the culprit is measured again alone, where its error is its own."""
+    results = measure_group(device, [request(), request(broken_templates.BROKEN_WRONG.name),
+                                     request(broken_templates.BROKEN_LAUNCH.name), request()])
+    assert [r.error_no if r else None for r in results] == [None, 5, None, None]
 
 
 @needs_opencl
@@ -77,17 +79,35 @@ def test_isolated_group_that_hangs_is_left_to_measure_alone_and_the_child_replac
         first = m.pid
         hung = m.measure_group([request(), request(broken_templates.BROKEN_HANG.name),
                                 request()])
-        assert hung == [None, None, None]
+        assert hung[0] is None and hung[2] is None  # measured alone next
+        assert hung[1] is not None and hung[1].error_no == MeasureErrorNo.RUN_TIMEOUT
+        assert "run did not finish within 5 s" in (hung[1].error_msg or "")
         assert m.pid is None  # killed with the hang
-        alone = m.measure(request(broken_templates.BROKEN_HANG.name))
-        assert alone.error_no == MeasureErrorNo.RUN_TIMEOUT  # the blame, measured alone
         refused = m.measure_group([request(), request(broken_templates.BROKEN_LAUNCH.name)])
-        assert refused[0] is None
-        assert refused[1] is not None and refused[1].error_no == MeasureErrorNo.RUNTIME_DEVICE
+        assert refused == [None, None]
         assert m.pid is None  # a device error replaces the child
+        alone = m.measure(request(broken_templates.BROKEN_LAUNCH.name))
+        assert alone.error_no == MeasureErrorNo.RUNTIME_DEVICE  # the blame, measured alone
         after = m.measure_group([request(), request(broken_templates.BROKEN_WRONG.name)])
         assert [r.error_no if r else None for r in after] == [0, 5]
         assert m.pid not in (None, first)
+
+
+@needs_opencl
+def test_a_members_deadline_runs_from_each_step_not_from_the_groups_start() -> None:
+    """Three members whose code takes 0.8 s each to generate: ~2.4 s in all, past any
+    one's 1.5 s deadline, and none is cut short: each step (a build, a check, a repeat)
+    has its own."""
+    slow = MeasureOptions(number=1, repeat=1, timeout_s=1.5)
+    name = broken_templates.SLOW_CODEGEN.name
+    group = [MeasureRequest(name, dense_workload(name), tile_k(inner), slow)
+             for inner in (4, 8, 16)]
+    with IsolatedMeasurer("opencl:0", extra_modules=(broken_templates.__name__,)) as m:
+        m.start()
+        began = time.time()
+        results = m.measure_group(group)
+        assert time.time() - began > 2.4
+    assert [r.error_no if r else None for r in results] == [0, 0, 0]
 
 
 # --- the worker: which trials go side by side ------------------------------------------
@@ -161,8 +181,11 @@ def test_a_batchs_verification_trials_go_side_by_side_and_search_trials_alone(
     agent._api = FakeApi(batch)  # type: ignore[assignment]
     agent.worker_id = 1
     reported: dict[int, MeasureResult] = {}
-    agent._report = lambda trial_id, result, layout=None: reported.__setitem__(  # type: ignore[method-assign]
-        trial_id, result)
+
+    def report(trial_id: int, result: MeasureResult, layout: str | None = None) -> None:
+        reported[trial_id] = result
+
+    agent._report = report  # type: ignore[method-assign]
     agent._serve(max_trials=None, idle_exit_s=0)
     # trial 4's config does not decode: reported as error 1, never measured
     assert fake.groups == [[4, 8, 32]]
@@ -173,3 +196,16 @@ def test_a_batchs_verification_trials_go_side_by_side_and_search_trials_alone(
     assert reported[4].error_no == MeasureErrorNo.INSTANTIATION_ERROR
     assert reported[3].costs == (8e-3,)
     assert agent.measured == 6
+
+
+def test_a_worker_told_to_stop_measures_no_group() -> None:
+    """Stopping (SIGTERM, Ctrl-C) before a batch's verification trials are timed: none
+    is started (a group takes seconds a trial); the loop then gives the lease back."""
+    agent = WorkerAgent("http://127.0.0.1:9", None)
+    fake = FakeMeasurer([1, 1])
+    agent._measurer = fake  # type: ignore[assignment]
+    agent.stopping.set()
+    requests: dict[int, MeasureRequest | MeasureResult] = {
+        t.trial_id: agent._request(t) for t in (trial(1, 4, 1), trial(2, 8, 1))}
+    assert agent._measure_side_by_side([trial(1, 4, 1), trial(2, 8, 1)], requests) == set()
+    assert fake.groups == []

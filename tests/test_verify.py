@@ -559,6 +559,45 @@ def test_embedded_tune_ends_verified_and_records_best_is_the_verified_winner(
     assert sum(line["result"][0]) / len(line["result"][0]) == pytest.approx(medians[winner])
 
 
+def _report(sessions: sessionmaker[Session], worker: int, trials: list[Any],
+            failing: frozenset[int] = frozenset()) -> None:
+    """Report leased trials as ``worker``: those in ``failing`` as error 4, the others at
+    1 ms + 1 ms a trial id."""
+    with sessions.begin() as session:
+        db_worker = dispatch.get_worker(session, worker)
+        assert db_worker is not None
+        dispatch.report(session, db_worker, [(
+            t.trial_id, MeasureResult.failure(MeasureErrorNo.RUNTIME_DEVICE, "broken")
+            if t.trial_id in failing else
+            MeasureResult(costs=(1e-3 * (1 + t.trial_id),), error_no=MeasureErrorNo.NO_ERROR,
+                          all_cost=0.1, timestamp=time.time()), None) for t in trials])
+
+
+def _layer_job(sessions: sessionmaker[Session], state: SearchState, n_trial: int,
+               *more: Workload) -> tuple[int, list[int], list[Any]]:
+    """A job of two templates' tasks of one layer (dense_small_batch, dense_pack) and
+    ``more``, planned and its search leased: (the worker, the task ids, the trials)."""
+    worker = _worker(sessions)
+    with sessions.begin() as session:
+        job_id = jobs.submit(session, JobRequest(
+            target=Target.parse(TARGET), n_trial=n_trial, plan_size=n_trial, tuner="random",
+            tasks=[WORKLOAD, Workload(template="dense_pack.x86", args=DENSE_ARGS), *more],
+            measure=MEASURE, verify_top=3))
+    _plan(sessions, state)
+    with sessions.begin() as session:
+        tasks = list(session.scalars(select(TaskRow.id).where(TaskRow.job_id == job_id)
+                                     .order_by(TaskRow.id)))
+        db_worker = dispatch.get_worker(session, worker)
+        assert db_worker is not None
+        leased = dispatch.lease(session, SqlQueue(), db_worker, n_trial * len(tasks), 60.0)[0]
+    return worker, tasks, leased
+
+
+def _statuses(sessions: sessionmaker[Session]) -> list[str]:
+    with sessions() as session:
+        return [t.status for t in session.scalars(select(TaskRow).order_by(TaskRow.id))]
+
+
 def test_a_layers_templates_verify_together_once_each_has_searched(
         sessions: sessionmaker[Session]) -> None:
     """Two templates' tasks of one layer, and a task of another layer: the layer's task
@@ -567,30 +606,10 @@ def test_a_layers_templates_verify_together_once_each_has_searched(
     tasks (each task's own order kept), so a worker's batch holds the candidates the
     build compares. The other layer's task verifies at once, on its own."""
     state = SearchState()
-    worker = _worker(sessions)
     other = Workload(template=DENSE, args=[["TENSOR", [1, 128], "float32"],
                                            ["TENSOR", [64, 128], "float32"], None, "float32"])
-    with sessions.begin() as session:
-        job_id = jobs.submit(session, JobRequest(
-            target=Target.parse(TARGET), n_trial=3, plan_size=3, tuner="random",
-            tasks=[WORKLOAD, Workload(template="dense_pack.x86", args=DENSE_ARGS), other],
-            measure=MEASURE, verify_top=3))
-    assert len(_plan(sessions, state)) == 9
-    with sessions.begin() as session:
-        a, b, c = session.scalars(select(TaskRow.id).where(TaskRow.job_id == job_id)
-                                  .order_by(TaskRow.id)).all()
-        db_worker = dispatch.get_worker(session, worker)
-        assert db_worker is not None
-        leased = dispatch.lease(session, SqlQueue(), db_worker, 9, 60.0)[0]
-
-    def report(trials: list[Any]) -> None:
-        with sessions.begin() as session:
-            db_worker = dispatch.get_worker(session, worker)
-            assert db_worker is not None
-            dispatch.report(session, db_worker, [(
-                t.trial_id, MeasureResult(costs=(1e-3 * (1 + t.trial_id),),
-                                          error_no=MeasureErrorNo.NO_ERROR, all_cost=0.1,
-                                          timestamp=time.time()), None) for t in trials])
+    worker, (a, b, c), leased = _layer_job(sessions, state, 3, other)
+    assert len(leased) == 9
 
     def verification(*task_ids: int) -> list[tuple[int, int, int]]:
         with sessions() as session:
@@ -598,14 +617,12 @@ def test_a_layers_templates_verify_together_once_each_has_searched(
                 select(TrialRow).where(TrialRow.verify_round > 0,
                                        TrialRow.task_id.in_(task_ids)).order_by(TrialRow.id))]
 
-    report([t for t in leased if t.task_id != b])
+    _report(sessions, worker, [t for t in leased if t.task_id != b])
     assert len(_plan(sessions, state)) == 3 * VERIFY_MIN_ROUNDS  # the other layer's task
     assert {task for task, _, _ in verification(a, b, c)} == {c}
-    with sessions() as session:
-        assert [t.status for t in session.scalars(select(TaskRow).order_by(TaskRow.id))] == [
-            "verifying", "running", "verifying"]
+    assert _statuses(sessions) == ["verifying", "running", "verifying"]
     assert _plan(sessions, state) == []  # a still waits for b
-    report([t for t in leased if t.task_id == b])
+    _report(sessions, worker, [t for t in leased if t.task_id == b])
     assert len(_plan(sessions, state)) == 6 * VERIFY_MIN_ROUNDS
     both = verification(a, b)
     assert [(task, r) for task, r, _ in both] == [
@@ -615,3 +632,41 @@ def test_a_layers_templates_verify_together_once_each_has_searched(
         configs = [i for t, r, i in both if t == task and r == 1]
         assert [i for t, r, i in both if t == task] == [
             i for r in range(1, VERIFY_MIN_ROUNDS + 1) for i in _turned(configs, r)]
+
+
+def test_a_layers_task_with_nothing_to_verify_ends_at_once_and_keeps_none_waiting(
+        sessions: sessionmaker[Session]) -> None:
+    state = SearchState()
+    worker, (a, b), leased = _layer_job(sessions, state, 2)
+    b_trials = [t for t in leased if t.task_id == b]
+    _report(sessions, worker, b_trials, failing=frozenset({b_trials[1].trial_id}))
+    assert _plan(sessions, state) == []  # b had one working config
+    assert _statuses(sessions) == ["running", "done"]
+    _report(sessions, worker, [t for t in leased if t.task_id == a])
+    assert len(_plan(sessions, state)) == 2 * VERIFY_MIN_ROUNDS  # a, without waiting
+    assert _statuses(sessions) == ["verifying", "done"]
+
+
+def test_a_layers_task_whose_verification_cannot_be_planned_fails_alone(
+        sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner_server.services import scheduler
+
+    state = SearchState()
+    worker, (a, b), leased = _layer_job(sessions, state, 3)
+    _report(sessions, worker, [t for t in leased if t.task_id == a])
+    assert _plan(sessions, state) == []
+    assert _statuses(sessions) == ["verifying", "running"]  # a waits for b
+    planned = scheduler._verification
+
+    def broken(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow]:
+        if task.id == a:
+            raise RuntimeError("a's plan is broken")
+        return planned(session, job, task)
+
+    monkeypatch.setattr(scheduler, "_verification", broken)
+    _report(sessions, worker, [t for t in leased if t.task_id == b])
+    assert len(_plan(sessions, state)) == 3 * VERIFY_MIN_ROUNDS  # b's, alone
+    assert _statuses(sessions) == ["failed", "verifying"]
+    with sessions() as session:
+        task = session.get(TaskRow, a)
+        assert task is not None and "a's plan is broken" in (task.error or "")

@@ -18,9 +18,10 @@ a result (the trial is no longer ours) drops it at once, and stops measuring it.
 on a lease ("register again": deregistered) registers again; a 401/403 (the token was
 revoked) stops the worker with one log line saying so.
 
-SIGTERM finishes the trial in hand, reports it (retried for about a lease, then given
-up: the lease expires), gives the rest of the lease back and deregisters; a crash gives
-nothing back, so the server counts the lease as an attempt (a trial that kills two
+SIGTERM finishes the trial in hand (or the batch's verification trials it times side by
+side: a second or two each), reports it (retried for about a lease, then given up: the
+lease expires), gives the rest of the lease back and deregisters; a crash gives nothing
+back, so the server counts the lease as an attempt (a trial that kills two
 workers is failed, not handed to a third).
 """
 
@@ -323,7 +324,7 @@ class WorkerAgent:
         trial that caused it."""
         with self._lock:
             trials = [t for t in trials if t.trial_id not in self._dropped]
-            if len(trials) < 2:
+            if len(trials) < 2 or self.stopping.is_set():
                 return set()
             self._current = {t.trial_id for t in trials}
         log.info("measuring trials %s side by side", ", ".join(str(t.trial_id) for t in trials))

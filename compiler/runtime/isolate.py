@@ -7,6 +7,10 @@ after an illegal address is dead, an OpenCL queue after a CL error may be), kill
 the next trial starts a fresh one. The child leads its own process group, and killing it
 kills the group: a device compiler it runs (pycuda runs nvcc and ptxas as processes)
 dies with it on a build timeout instead of running on.
+
+A group of trials (a batch's verification) can be timed side by side in the child
+(:meth:`IsolatedMeasurer.measure_group`); whatever ends it early leaves the members it did
+not finish to be measured one at a time, so a failure still costs only its own trial.
 """
 
 from __future__ import annotations
@@ -155,11 +159,7 @@ class IsolatedMeasurer:
                 all_cost=time.time() - start)
         if kind == "timeout":
             self._kill_child()
-            error_no = (MeasureErrorNo.RUN_TIMEOUT if payload == "run"
-                        else MeasureErrorNo.BUILD_TIMEOUT)
-            return MeasureResult.failure(
-                error_no, f"{payload} did not finish within {request.options.timeout_s:g} s",
-                all_cost=time.time() - start)
+            return self._timed_out(request, payload, start)
         if payload.error_no == MeasureErrorNo.RUNTIME_DEVICE:
             self._kill_child()  # the device may be unusable: the next trial, a fresh child
         return payload  # type: ignore[no-any-return]
@@ -167,26 +167,39 @@ class IsolatedMeasurer:
     def measure_group(self, requests: Sequence[MeasureRequest]
                       ) -> list[MeasureResult | None]:
         """Time ``requests`` side by side in the child (``measure.measure_group``): their
-        results, None for each one the group left unmeasured. A group that hangs or
-        crashes the child leaves every member None: measured alone (:meth:`measure`),
-        each then costs only its own trial. A member's deadline is its ``timeout_s``
-        from each step the child starts on it (build, check, a repeat)."""
+        results, None for each one the group left unmeasured, to be measured alone
+        (:meth:`measure`), where an error lands on the trial that caused it. A member's
+        deadline is its ``timeout_s`` from each step the child starts on it (its build,
+        its check, each of its repeats), not from the group's start. One past it fails
+        (error 6 or 7, as alone) and the rest are left unmeasured; a child that dies
+        leaves every member unmeasured (which one killed it is unknown). Either, or a
+        device error in the group, replaces the child."""
         results: list[MeasureResult | None] = [None] * len(requests)
+        if not requests:
+            return results
         for request in requests:
             self._wait_ahead(request)
+        start = time.time()
         conn = self._send(list(requests))
         if conn is None:
             return results
         kind, payload = self._receive(
-            conn, (0, "build"), time.time() + requests[0].options.timeout_s,
+            conn, (0, "build"), start + requests[0].options.timeout_s,
             lambda stage: time.time() + requests[stage[0]].options.timeout_s)
-        if kind in ("died", "timeout"):
-            self._kill_child()
-            return results
-        if any(r is not None and r.error_no == MeasureErrorNo.RUNTIME_DEVICE
-               for r in payload):
+        if kind == "timeout":
+            member, stage = payload
+            results[member] = self._timed_out(requests[member], stage, start)
+        if kind in ("died", "timeout") or None in payload:
             self._kill_child()  # the device may be unusable: the rest, a fresh child
+            return results
         return payload  # type: ignore[no-any-return]
+
+    def _timed_out(self, request: MeasureRequest, stage: str, start: float) -> MeasureResult:
+        error_no = (MeasureErrorNo.RUN_TIMEOUT if stage == "run"
+                    else MeasureErrorNo.BUILD_TIMEOUT)
+        return MeasureResult.failure(
+            error_no, f"{stage} did not finish within {request.options.timeout_s:g} s",
+            all_cost=time.time() - start)
 
     def _receive(self, conn: Connection, stage: Any, deadline: float,
                  restart: Callable[[Any], float] | None = None) -> tuple[str, Any]:

@@ -123,10 +123,12 @@ def measure_group(device: Device, requests: Sequence[MeasureRequest],
     4-11% apart were ranked right 65 times in 80 on a VM whose speed moves within a
     second, interleaved 78 in 80 (``bench/verify_interleave.py``).
 
-    A member that fails before it is timed reports its failure. A device error (error 4)
-    fails its member and leaves every member not yet timed to the end as None (measure
-    it alone: the device may be unusable), as it does a member after it that is not yet
-    built. ``on_stage`` hears (member, stage) before each step, a deadline's cue.
+    A member that fails before it is timed (errors 1, 3 and 5) reports its failure. A
+    device error (error 4) ends the group and leaves every member without such a
+    failure None, itself included: the device may be unusable, and the error may be
+    the group's (every member's buffers are alive at once), so each is measured alone,
+    where an error is its own. ``on_stage`` hears (member, stage) before each step
+    (build, run: the check, then each repeat), a deadline's cue.
     """
     stage = on_stage or (lambda _s: None)
     results: list[MeasureResult | None] = [None] * len(requests)
@@ -137,10 +139,10 @@ def measure_group(device: Device, requests: Sequence[MeasureRequest],
             try:
                 ready[i] = _ready(device, request, partial(_staged, stage, i))
             except TrialFailure as err:
-                results[i] = MeasureResult.failure(err.error_no, str(err),
-                                                   all_cost=time.time() - began)
                 if err.error_no == MeasureErrorNo.RUNTIME_DEVICE:
                     return results
+                results[i] = MeasureResult.failure(err.error_no, str(err),
+                                                   all_cost=time.time() - began)
                 continue
             ready[i].seconds = time.time() - began
         members = list(ready)
@@ -151,9 +153,7 @@ def measure_group(device: Device, requests: Sequence[MeasureRequest],
                     stage((i, "run"))
                     try:
                         ready[i].repeat()
-                    except TrialFailure as err:
-                        results[i] = MeasureResult.failure(err.error_no, str(err),
-                                                           all_cost=ready[i].seconds)
+                    except TrialFailure:
                         return results
         for i, member in ready.items():
             results[i] = _result(member.costs, member.seconds)
@@ -301,8 +301,8 @@ def _ready(device: Device, request: MeasureRequest, stage: Callable[[str], None]
     repeat takes (``number``, raised to last ``min_repeat_ms``); raises
     :class:`TrialFailure`: error 1, 3, 4 or 5 (a wrong answer)."""
     opts = request.options
-    template, kernel = request_kernel(device, request)
     stage("build")
+    template, kernel = request_kernel(device, request)
     program = build_kernel(device, kernel)
     stage("run")
     out = kernel.buffers[-1]

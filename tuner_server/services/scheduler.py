@@ -431,6 +431,9 @@ def _end_search(session: Session, job: JobRow, task: TaskRow) -> Sequence[Queued
         return []
     if _trials_in(session, task.id, TrialStatus.LEASED):
         return []  # their results may be among the best
+    if not _verification(session, job, task):  # fewer than two configs: nothing to compare
+        _end_task(session, task)
+        return []
     task.status = TaskStatus.VERIFYING
     return _verify_layer(session, job, task)
 
@@ -443,7 +446,8 @@ def _verify_layer(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow
     turn, each round's configs taken in turn across the tasks (best first, defaults
     last), in the order the queue hands them out; a worker times a batch's verification
     trials interleaved (``IsolatedMeasurer.measure_group``). A task with nothing to
-    verify ends. Empty while a task of the layer still searches."""
+    verify ends; one whose plan raises fails, alone. Empty while a task of the layer
+    still searches."""
     layer = [t for t in session.scalars(select(TaskRow).where(
         TaskRow.job_id == job.id, TaskRow.status.in_(ACTIVE)).order_by(TaskRow.id))
         if t.args == task.args]
@@ -453,11 +457,19 @@ def _verify_layer(session: Session, job: JobRow, task: TaskRow) -> list[TrialRow
     for waiting in layer:
         if _verifying(session, waiting.id):
             continue
-        trials = _verification(session, job, waiting)
+        try:
+            with session.begin_nested():
+                trials = _verification(session, job, waiting)
+                if not trials:
+                    _end_task(session, waiting)
+        except OUTAGE:
+            raise
+        except Exception as err:  # noqa: BLE001 - this task's failure, not its layer's
+            log.exception("job %s task %s failed: %s", job.id, waiting.id, _reason(err))
+            _fail_tasks(session, job.id, [waiting.id], _reason(err))
+            continue
         if trials:
             plans.append(trials)
-        else:
-            _end_task(session, waiting)
     ordered = [trial for round_ in range(1, VERIFY_MIN_ROUNDS + 1)
                for rank in zip_longest(*[[t for t in plan if t.verify_round == round_]
                                          for plan in plans])
@@ -477,9 +489,11 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimit
     """Plan what the task lacks of a full plan, or end it. ``outstanding``: its trials
     queued or leased when the pass began."""
     if task.status == TaskStatus.VERIFYING:  # a round more while in doubt, else the end
+        if outstanding:
+            return []
         if not _verifying(session, task.id):  # waiting for its layer to end searching
             return _verify_layer(session, job, task)
-        if outstanding or _trials_in(session, task.id, *OUTSTANDING):
+        if _trials_in(session, task.id, *OUTSTANDING):  # queued by a sibling this pass
             return []
         again = _next_round(session, task)
         if not again:
