@@ -209,3 +209,18 @@ def test_a_worker_told_to_stop_measures_no_group() -> None:
         t.trial_id: agent._request(t) for t in (trial(1, 4, 1), trial(2, 8, 1))}
     assert agent._measure_side_by_side([trial(1, 4, 1), trial(2, 8, 1)], requests) == set()
     assert fake.groups == []
+
+
+def test_a_heartbeat_that_drops_a_member_kills_the_groups_measurement() -> None:
+    """The server says one of the group's trials is no longer ours: the measuring child
+    is killed (the rest are then measured alone, the dropped one not at all)."""
+    agent = WorkerAgent("http://127.0.0.1:9", None)
+    closed: list[bool] = []
+    fake = FakeMeasurer([1, 1])
+    fake.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    agent._measurer = fake  # type: ignore[assignment]
+    agent._held, agent._current = [1, 2, 3], {1, 2}
+    agent._drop(3, RuntimeError("not in the group"))
+    assert closed == []
+    agent._drop(2, RuntimeError("requeued"))
+    assert closed == [True] and agent._held == [1] and agent._no_longer_ours(2)
