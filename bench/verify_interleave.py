@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import statistics
 from collections.abc import Callable
 
@@ -36,14 +35,7 @@ from common import print_header
 
 from compiler.runtime import open_device
 from compiler.runtime.device import Device
-from compiler.runtime.measure import (
-    MeasureRequest,
-    build_kernel,
-    measure,
-    measure_group,
-    operand_buffers,
-    request_kernel,
-)
+from compiler.runtime.measure import MeasureRequest, measure, measure_group, ready_trial
 from compiler.tasks import CONV1X1_CPU, CONV_CPU
 from compiler.templates import get_template
 from schemas import MeasureOptions, Workload
@@ -66,14 +58,7 @@ def request(device: Device, name: str, c: int, side: int, k: int,
 def repeat_timer(device: Device, req: MeasureRequest) -> Callable[[], float]:
     """One repeat of ``req``'s kernel as a trial times it (launches enough for its
     min_repeat_ms), on the operands a trial builds."""
-    template, kernel = request_kernel(device, req)
-    program = build_kernel(device, kernel)
-    buffers = operand_buffers(device, template, kernel, req)
-    device.run(program, kernel, buffers)
-    once = device.time(program, kernel, buffers, 1)
-    number = max(req.options.number,
-                 math.ceil(req.options.min_repeat_ms / 1e3 / max(once, 1e-9)))
-    return lambda: device.time(program, kernel, buffers, number)
+    return ready_trial(device, req).repeat
 
 
 def trial_cost(device: Device, req: MeasureRequest) -> float:

@@ -132,12 +132,12 @@ def measure_group(device: Device, requests: Sequence[MeasureRequest],
     """
     stage = on_stage or (lambda _s: None)
     results: list[MeasureResult | None] = [None] * len(requests)
-    ready: dict[int, _Ready] = {}
+    ready: dict[int, ReadyTrial] = {}
     try:
         for i, request in enumerate(requests):
             began = time.time()
             try:
-                ready[i] = _ready(device, request, partial(_staged, stage, i))
+                ready[i] = ready_trial(device, request, partial(_staged, stage, i))
             except TrialFailure as err:
                 if err.error_no == MeasureErrorNo.RUNTIME_DEVICE:
                     return results
@@ -267,7 +267,7 @@ def timed_layout(request: MeasureRequest) -> str | None:
 
 
 @dataclass
-class _Ready:
+class ReadyTrial:
     """A trial built, checked and sized (launches a repeat), its repeats still to time."""
 
     request: MeasureRequest
@@ -279,12 +279,14 @@ class _Ready:
     costs: list[float] = field(default_factory=list)
     seconds: float = 0.0  # spent on it so far (its all_cost)
 
-    def repeat(self) -> None:
-        """Time one repeat; a device error raises :class:`TrialFailure` (error 4)."""
+    def repeat(self) -> float:
+        """Time one repeat (kept in ``costs``, and returned); a device error raises
+        :class:`TrialFailure` (error 4)."""
         began = time.time()
         try:
             self.costs.append(_time(self.device, self.program, self.kernel, self.buffers,
                                     self.number))
+            return self.costs[-1]
         except Exception as err:  # noqa: BLE001 - as a failure of this trial
             raise _device_failure(err) from None
         finally:
@@ -296,7 +298,8 @@ def _device_failure(err: Exception) -> TrialFailure:
     return TrialFailure(MeasureErrorNo.RUNTIME_DEVICE, f"kernel failed on the device: {what}")
 
 
-def _ready(device: Device, request: MeasureRequest, stage: Callable[[str], None]) -> _Ready:
+def ready_trial(device: Device, request: MeasureRequest,
+                stage: Callable[[str], None] = lambda _s: None) -> ReadyTrial:
     """The trial's kernel built, run once and checked against numpy, and the launches a
     repeat takes (``number``, raised to last ``min_repeat_ms``); raises
     :class:`TrialFailure`: error 1, 3, 4 or 5 (a wrong answer)."""
@@ -326,7 +329,7 @@ def _ready(device: Device, request: MeasureRequest, stage: Callable[[str], None]
         raise
     except Exception as err:  # noqa: BLE001 - allocation (out of memory), copies, launch
         raise _device_failure(err) from None
-    return _Ready(request, device, program, kernel, buffers, number)
+    return ReadyTrial(request, device, program, kernel, buffers, number)
 
 
 def _result(costs: list[float], seconds: float) -> MeasureResult:
@@ -340,7 +343,7 @@ def _measure(device: Device, request: MeasureRequest,
              stage: Callable[[str], None]) -> MeasureResult:
     start = time.time()
     try:
-        ready = _ready(device, request, stage)
+        ready = ready_trial(device, request, stage)
         for _ in range(request.options.repeat):
             ready.repeat()
     except TrialFailure as err:
