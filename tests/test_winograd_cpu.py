@@ -1,12 +1,13 @@
-"""``conv2d_NCHWc_winograd.x86``: Winograd F(2x2, 3x3) and F(4x4, 3x3) for CPU-class
-OpenCL devices (issue 17, point 2).
+"""``conv2d_NCHWc_winograd.x86``: Winograd F(2x2, 3x3), F(4x4, 3x3) and F(6x6, 3x3) for
+CPU-class OpenCL devices (issue 17, point 2).
 
 No device: what the template accepts, its space, the packed filter, the config rules
-(error 1 through the measurer too), features. On the OpenCL device: outputs equal numpy
-(the measurer's tolerance) for both tile sizes on padded, unpadded, odd-sized, batched
-layers whose channels are not multiples of the blocks, with fused epilogues, with the
-data, output and residual each plain or blocked; ResNet-50's four 3x3 stride-1 layers
-at F(4x4) (accuracy at C = 512). The compiler extracts the task and builds a model with
+(error 1 through the measurer too), features, a record from before F(6x6) decoding by
+its entity. On the OpenCL device: outputs equal numpy (the measurer's tolerance) for
+every tile size on padded, unpadded, odd-sized, batched layers whose channels are not
+multiples of the blocks, with fused epilogues, with the data, output and residual each
+plain or blocked; ResNet-50's four 3x3 stride-1 layers at F(4x4) and F(6x6) (accuracy at
+C = 512). The compiler extracts the task and builds a model with
 Winograd layers chained to direct ones in blocked layouts, equal to the graph
 interpreter. The CUDA C side compiles with ``nvcc -ptx -arch=sm_80``.
 """
@@ -110,7 +111,7 @@ def test_space_knobs_and_default() -> None:
 def test_pack_weight_is_the_filter_transform_blocked_by_oc_bn() -> None:
     wl = workload(1, 6, 9, 9, 8)
     weight = np.random.default_rng(0).uniform(-1, 1, (8, 6, 3, 3)).astype(np.float32)
-    for m, oc_bn in ((2, 4), (4, 8)):
+    for m, oc_bn in ((2, 4), (4, 8), (6, 4)):
         cfg = config(wl, tile_size=m, oc_bn=oc_bn, vec=4)
         packed = TEMPLATE.pack_weight(wl, cfg, weight)
         alpha = m + 2
@@ -121,6 +122,20 @@ def test_pack_weight_is_the_filter_transform_blocked_by_oc_bn() -> None:
                 np.testing.assert_array_equal(
                     packed[kb, b], u[b // alpha, b % alpha, :, kb * oc_bn:(kb + 1) * oc_bn])
         assert TEMPLATE.codegen(wl, cfg).buffers[1].shape == packed.shape
+
+
+def test_a_record_from_before_f6x6_decodes_by_its_entity() -> None:
+    """tile_size had the candidates (2, 4) before 6 joined them, so a stored record's
+    index (tile_size least significant: radix 2 then) names another point now; its
+    entity still decides the kernel, as AutoTVM applies it."""
+    wl = workload(1, 64, 56, 56, 64)
+    cfg = TEMPLATE.default_config(wl)
+    assert TEMPLATE.decode(wl, cfg)["tile_size"] == 4
+    before = Config(index=cfg.index // 3 * 2 + 1, entity=cfg.entity)
+    assert before.index != cfg.index
+    assert TEMPLATE.decode(wl, before) == TEMPLATE.decode(wl, cfg)
+    assert TEMPLATE.codegen(wl, before).source == TEMPLATE.codegen(wl, cfg).source
+    assert TEMPLATE.space(wl).normalize(before).index == cfg.index
 
 
 def test_config_rules_name_the_problem() -> None:
@@ -222,6 +237,11 @@ CASES = [
      Epilogue(("bias", "clip:0.0:6.0")), IOLayout(0, 16)),
     (workload(1, 3, 5, 5, 4), dict(tile_size=4, oc_bn=4, tile_p=1, vec=4), Epilogue(),
      IOLayout()),
+    (workload(1, 16, 14, 14, 16), dict(tile_size=6, tile_p=4), FULL, IOLayout(16, 16, 16)),
+    (workload(2, 10, 11, 13, 6, pad=0), dict(tile_size=6, oc_bn=6, tile_p=3, vec=2, wg=4),
+     Epilogue(("bias", "relu")), IOLayout(0, 3)),
+    (workload(1, 12, 9, 7, 24), dict(tile_size=6, oc_bn=8, tile_p=2, vec=1, wg=2),
+     FULL, IOLayout(4, 0, 8)),
 ]
 
 
@@ -235,10 +255,10 @@ def test_kernel_matches_numpy(device: Device, case: int) -> None:
     assert ok, f"{knobs} {epilogue.ops} {io}: {why}"
 
 
-def test_cases_cover_both_tile_sizes_layouts_and_store_paths() -> None:
+def test_cases_cover_every_tile_size_layouts_and_store_paths() -> None:
     seen = [(config(wl, **dict(k)), wl, io) for wl, k, _, io in CASES]
     knobs = [TEMPLATE.decode(wl, c) for c, wl, _ in seen]
-    assert {k["tile_size"] for k in knobs} == {2, 4}
+    assert {k["tile_size"] for k in knobs} == {2, 4, 6}
     assert {k["vec"] for k in knobs} >= {1, 2, 4, 8, 16}
     assert any(io.out_block == k["tile_oc"][1] for k, (_, _, io) in zip(knobs, seen))
     assert any(io.out_block not in (0, k["tile_oc"][1]) for k, (_, _, io) in zip(knobs, seen))
@@ -251,21 +271,22 @@ def test_cases_cover_both_tile_sizes_layouts_and_store_paths() -> None:
 
 
 @cache
-def resnet_requests() -> list[MeasureRequest]:
+def resnet_requests(m: int = 4) -> list[MeasureRequest]:
     out = []
     for c, h in ((64, 56), (128, 28), (256, 14), (512, 7)):
         wl = workload(1, c, h, h, c)
-        out.append(MeasureRequest(WINOGRAD_CPU, wl, config(wl, tile_size=4), CHECK))
+        out.append(MeasureRequest(WINOGRAD_CPU, wl, config(wl, tile_size=m), CHECK))
     return out
 
 
-def test_resnet50_3x3_layers_at_f4x4_are_within_the_measurers_tolerance(
-        device: Device) -> None:
-    """F(4x4, 3x3) rounds more than direct convolution; at C = 512 it must still pass the
-    check every trial passes (rtol 1e-4, atol 1e-4 x max |ref| against float64)."""
-    for req in resnet_requests():
+@pytest.mark.parametrize("m", [4, 6])
+def test_resnet50_3x3_layers_at_f4x4_and_f6x6_are_within_the_measurers_tolerance(
+        device: Device, m: int) -> None:
+    """F(4x4) and F(6x6) round more than direct convolution; at C = 512 they must still
+    pass the check every trial passes (rtol 1e-4, atol 1e-4 x max |ref| against float64)."""
+    for req in resnet_requests(m):
         res = measure(device, req)
-        assert res.ok, f"{req.workload.args[0]}: {res.error_no.name} {res.error_msg}"
+        assert res.ok, f"F({m}) {req.workload.args[0]}: {res.error_no.name} {res.error_msg}"
 
 
 def test_prefetching_kernel_matches_numpy(device: Device) -> None:

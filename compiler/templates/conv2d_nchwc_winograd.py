@@ -2,8 +2,9 @@
 devices (PoCL), on 3x3 stride-1 dilation-1 convolutions.
 
 Winograd does alpha^2 / (9 m^2) of the direct convolution's multiplies (alpha = m + 2:
-0.44 for m = 2, 0.25 for m = 4); onnxruntime's MLAS has no Winograd, so on 3x3 stride-1
-layers this is where a CPU kernel can beat it. Three launches (``Stage``), one kernel:
+0.44 for m = 2, 0.25 for m = 4, 0.20 for m = 6); onnxruntime's MLAS has no Winograd, so
+on 3x3 stride-1 layers this is where a CPU kernel can beat it. Three launches
+(``Stage``), one kernel:
 
 - the filter transform U = G g G^T is a constant (``pack_weight``, float64, at build time
   and before a trial), packed as [K/oc_bn][alpha^2][C][oc_bn] so that the GEMM reads
@@ -32,8 +33,12 @@ NCHW[data_block]c, output written in NCHW[out_block]c (the compiler asks for oc_
 a fused residual read in NCHW[residual_block]c, so Winograd layers chain with direct ones
 without layout transforms.
 
-Knobs (index order, first least significant): ``tile_size`` (m: 2 or 4; F(6x6, 3x3)
-loses too much float32 accuracy), ``tile_oc`` [K/oc_bn, oc_bn], ``tile_p`` (tiles per
+Knobs (index order, first least significant): ``tile_size`` (m: 2, 4 or 6; F(6x6, 3x3)
+at the points 0, +-1, +-1/2, +-2 errs up to ~20% of the measurer's tolerance at 512
+input channels, F(4x4) ~5%, and every trial is checked; its larger tiles waste more of
+an image whose side is not a multiple of 6 and its transforms cost more, so it pays on
+large images only: docs/BENCHMARKS.md, "Winograd F(6x6)". A record from before 6 was a
+candidate decodes by its entity; its ``index`` names another point now), ``tile_oc`` [K/oc_bn, oc_bn], ``tile_p`` (tiles per
 register block, 1-8; at most P), ``vec`` (1, 2, 4, 8, 16: lanes per vector, must divide
 oc_bn; the input transform takes the largest power of two up to it that divides C and
 the data block) and ``wg`` (1, 2, 4: GEMM work-items per group, along the points).
@@ -80,10 +85,10 @@ from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigSpace, OtherKnob, SplitKnob
 from schemas import Config, DeviceLimits, Workload
 
-TILE_SIZES = (2, 4)
+TILE_SIZES = (2, 4, 6)
 TILE_P = (1, 2, 3, 4, 5, 6, 7, 8)
 VEC_CANDIDATES = (1, 2, 4, 8, 16)
-WG_CANDIDATES = (1, 2, 4)  # each divides alpha^2 (16 and 36)
+WG_CANDIDATES = (1, 2, 4)  # each divides alpha^2 (16, 36 and 64)
 # The 16-lane default (``avx512_default``), measured on a 2-core Xeon (Emerald Rapids,
 # PoCL skylake-avx512) with bench/winograd.py --lanes
 AVX512_MAX_OC_BN = 64  # 4 zmm of weights per channel step

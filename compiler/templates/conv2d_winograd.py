@@ -69,7 +69,8 @@ KERNEL_SIZE = 3
 # Work-items per block of the two untuned transform stages: fits every GPU and PoCL.
 TRANSFORM_THREADS = 64
 # TVM's interpolation points (finite ones; infinity is the last) per output tile size.
-POINTS = {2: (0.0, -1.0, 1.0), 4: (0.0, -1.0, 1.0, 0.5, -2.0)}
+POINTS = {2: (0.0, -1.0, 1.0), 4: (0.0, -1.0, 1.0, 0.5, -2.0),
+          6: (0.0, -1.0, 1.0, 0.5, -0.5, 2.0, -2.0)}
 
 ENTRY_INPUT = "winograd_input_transform"
 ENTRY_GEMM = "winograd_batched_gemm"
