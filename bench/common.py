@@ -40,6 +40,80 @@ def empty_kernel(entry: str) -> Any:
                   buffers=(Buffer("o", (64,), role="out"),), dialect="opencl")
 
 
+# independent FMA chains per work-item in ``fma_peak``: more than the FMA latency times
+# the FMA ports (4 x 2 on Zen 4 and Intel's AVX-512 cores), so the ports are never idle
+PEAK_CHAINS = 16
+PEAK_ITERS = 20000
+
+
+def fma_peak(device: Any) -> float:
+    """The device's float32 multiply-add rate, FLOP/s: every work-item runs
+    ``PEAK_CHAINS`` independent chains of vector FMAs (the device's SIMD lanes wide) on
+    registers, nothing read or written inside the loop; best of ten launches. The
+    ceiling any conv kernel's direct-equivalent FLOPs can reach without doing fewer
+    multiplies (Winograd does)."""
+    from compiler.templates.base import Buffer, Kernel
+
+    lanes = max(1, device.limits.simd_lanes)
+    vtype = "float" if lanes == 1 else f"float{lanes}"
+    groups = 64 * (os.cpu_count() or 1)
+    source = f"""
+__kernel void fma_peak(__global {vtype}* out) {{
+  {vtype} acc[{PEAK_CHAINS}];
+  const {vtype} a = ({vtype})(0.999f), b = ({vtype})(0.001f);
+  for (int i = 0; i < {PEAK_CHAINS}; ++i) acc[i] = ({vtype})((float)(get_global_id(0) + i));
+  for (int it = 0; it < {PEAK_ITERS}; ++it) {{
+    #pragma unroll
+    for (int i = 0; i < {PEAK_CHAINS}; ++i) acc[i] = fma(acc[i], a, b);
+  }}
+  {vtype} s = acc[0];
+  for (int i = 1; i < {PEAK_CHAINS}; ++i) s += acc[i];
+  out[get_global_id(0)] = s;
+}}"""
+    kernel = Kernel(source=source, entry="fma_peak", grid=(groups, 1, 1), block=(1, 1, 1),
+                    buffers=(Buffer("out", (groups * lanes,), role="out"),),
+                    dialect="opencl")
+    program = device.build(kernel)
+    buffers = [device.alloc((groups * lanes,), "float32")]
+    seconds = min(device.time(program, kernel, buffers, 1) for _ in range(10))
+    return groups * PEAK_CHAINS * lanes * 2 * PEAK_ITERS / seconds
+
+
+# a weight this large is read from memory on every run: no cache of these VMs holds it
+STREAMED_BYTES = 64 << 20
+STREAM_FLOATS = 64 << 20  # 256 MB read by ``stream_bandwidth``
+
+
+def stream_bandwidth(device: Any) -> float:
+    """The device's read rate from memory, bytes/s: each work-item sums its contiguous
+    slice of a 256 MB buffer in vectors of the device's SIMD lanes; best of five
+    launches. What a layer whose weight no cache holds (``STREAMED_BYTES``) reads at most."""
+    from compiler.templates.base import Buffer, Kernel
+
+    lanes = max(1, device.limits.simd_lanes)
+    vtype = "float" if lanes == 1 else f"float{lanes}"
+    groups = 64 * (os.cpu_count() or 1)
+    per_item = STREAM_FLOATS // lanes // groups
+    source = f"""
+__kernel void stream(__global const {vtype}* in, __global {vtype}* out) {{
+  const __global {vtype}* p = in + get_global_id(0) * {per_item};
+  {vtype} s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (int i = 0; i < {per_item}; i += 4) {{
+    s0 += p[i]; s1 += p[i + 1]; s2 += p[i + 2]; s3 += p[i + 3];
+  }}
+  out[get_global_id(0)] = s0 + s1 + s2 + s3;
+}}"""
+    kernel = Kernel(source=source, entry="stream", grid=(groups, 1, 1), block=(1, 1, 1),
+                    buffers=(Buffer("in", (STREAM_FLOATS,)),
+                             Buffer("out", (groups * lanes,), role="out")),
+                    dialect="opencl")
+    program = device.build(kernel)
+    buffers = [device.upload(np.ones(STREAM_FLOATS, dtype=np.float32)),
+               device.alloc((groups * lanes,), "float32")]
+    seconds = min(device.time(program, kernel, buffers, 1) for _ in range(5))
+    return STREAM_FLOATS * 4 / seconds
+
+
 def settle() -> None:
     """Let the previous entry's threads park before the next entry's clock starts: call
     it before each timed entry of an alternating round."""

@@ -15,14 +15,28 @@ Per light model of the onnx package (random weights, up to the logits), in one r
    (each offered as this device's fastest record, so the build takes it; Winograd's
    before the GEMM's); both outputs checked against onnxruntime's;
 2. onnxruntime and the builds timed in alternating rounds (medians, ms per run);
-3. the best-template build's device time per step (each step's minimum over ``--rounds``
-   profiles), summed per conv workload (all layers running it) or per other op kind;
+3. the best-template build's (``--profile default``: the default build's) device time
+   per step (each step's minimum over ``--rounds`` profiles), summed per conv workload (all layers running it) or per other op kind;
    the top ``--top`` rows with their share, and for conv rows onnxruntime's Conv on the
    same shape and arrays (a one-node model, as bench/layers.py; its output checked
    against numpy) times the row's layer count, and our time / onnxruntime's.
 
 Our per-step times include the fused epilogue (bias, residual, relu); onnxruntime's Conv
 row is the bare conv, so a ratio a few percent over 1.0 may be the epilogue.
+
+Each conv and dense row also gives its direct-equivalent GFLOP/s (the template's FLOPs,
+a direct conv's multiply-adds for Winograd too, over the row's time) and that rate against
+the device's float32 FMA peak (``common.fma_peak``: independent vector FMA chains on
+registers; the highest of its measures before and after the model's profiles, as the
+VM's speed moves). The last line bounds what tuning can buy the profiled build: were every
+conv and dense layer that Winograd cannot run (not 3x3 stride 1) at the peak, the build
+would be that much faster, and to be 1.15x faster (issue 17) the 3x3 stride-1 layers,
+on whichever template, would have to make up the rest (a template choice or a config).
+A layer whose weight no cache holds (``common.STREAMED_BYTES``: VGG's dense layers at
+batch 1) is bounded by reading that weight at the device's measured read rate
+(``common.stream_bandwidth``, the highest of its measures) where that takes longer.
+``--profile default`` profiles the default build (what tuning is measured against)
+instead of the best-template one.
 
     .venv/bin/python bench/model_ops.py --models resnet50,vgg19,densenet121 --rounds 3
 """
@@ -32,18 +46,22 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import math
 import os
 import sys
 from collections import defaultdict
 
 import numpy as np
 from common import (
+    STREAMED_BYTES,
     alternating_medians,
+    fma_peak,
     host_seconds,
     offered_defaults,
     onnxruntime_conv,
     print_header,
     step_minima,
+    stream_bandwidth,
 )
 from models import onnxruntime_timer
 from winograd import light_model
@@ -68,6 +86,7 @@ from schemas import MeasureOptions, Workload
 
 CHECK = MeasureOptions(number=1, repeat=1, min_repeat_ms=0)
 BEST_TEMPLATES = (WINOGRAD_CPU, CONV1X1_CPU)
+GOAL = 1.15  # issue 17: the tuned build this much faster than the default one
 
 
 def eight_lanes(device: Device) -> Device:
@@ -102,7 +121,9 @@ def label_of(workload: Workload) -> str:
             f"{op.input_shapes[0][2]}x{op.input_shapes[0][3]}")
 
 
-def model_main(device: Device, name: str, rounds: int, top: int) -> None:
+def model_main(device: Device, name: str, rounds: int, top: int,
+               profile: str = "best-template build", peak: float = 0.0,
+               bandwidth: float = 0.0) -> tuple[float, float]:
 
     model, x = light_model(name, seed=LIGHT_MODELS.index(name))
     ort_run, ort_seconds = onnxruntime_timer(model, x)
@@ -145,32 +166,77 @@ def model_main(device: Device, name: str, rounds: int, top: int) -> None:
     print(f"| {name} | {o * 1e3:.1f} | {e * 1e3:.1f} | {d * 1e3:.1f} | {b * 1e3:.1f} "
           f"| {e / o:.2f}x | {d / o:.2f}x | {b / o:.2f}x |")
 
-    minima = step_minima({"best": best}, rounds)["best"]
-    layer_workload = {layer: t.workload for t in best.tasks for layer in t.layers}
+    profiled = modules[profile]
+    minima = step_minima({"profiled": profiled}, rounds)["profiled"]
+    layer_workload = {layer: t.workload for t in profiled.tasks for layer in t.layers}
     rows: dict[str, list] = {}  # label -> [seconds, steps, workload or None]
-    for step, seconds in zip(best.program.steps, minima):
+    for step, seconds in zip(profiled.program.steps, minima):
         op, _, node = step.name.partition(" ")
         wl = layer_workload.get(node)
         key = label_of(wl) if wl is not None else op
-        if wl is not None and wl.template == DENSE_CPU:
-            wl = None  # no onnxruntime Conv to compare with
         row = rows.setdefault(key, [0.0, 0, wl])
         row[0] += seconds
         row[1] += 1
     total = sum(minima)
-    print(f"\nbest-template build, device time per op (step minima over {rounds} profiles, "
-          f"sum {total * 1e3:.1f} ms), top {top}; onnxruntime Conv x layers, load "
+    print(f"\n{profile}, device time per op (step minima over {rounds} profiles, "
+          f"sum {total * 1e3:.1f} ms), top {top}; onnxruntime Conv x layers; load "
           f"{os.getloadavg()[0]:.1f}\n")
-    print("| op | steps | ms | share | ort Conv ms | ours / ort |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for key, (seconds, steps, wl) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]:
-        if wl is None:
-            ort, ratio = "-", "-"
-        else:
+    print("| op | steps | ms | share | ort Conv ms | ours / ort | GFLOP/s | of peak |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    # the VM's speed moves: the fastest measures
+    peak, bandwidth = max(peak, fma_peak(device)), max(bandwidth, stream_bandwidth(device))
+    headroom = winograd = 0.0
+    ordered = sorted(rows.items(), key=lambda kv: -kv[1][0])
+    for rank, (key, (seconds, steps, wl)) in enumerate(ordered):
+        rate = get_template(wl.template).flops(wl) * steps / seconds if wl is not None else 0.0
+        if wl is not None and winograd_capable(wl):
+            winograd += seconds
+        elif rate:
+            weight = math.prod(get_template(wl.template).input_shapes(wl)[1]) * 4 * steps
+            least = max(seconds * rate / peak,
+                        weight / bandwidth if weight >= STREAMED_BYTES * steps else 0.0)
+            headroom += max(0.0, seconds - least)
+        if rank >= top:
+            continue
+        ort, ratio = "-", "-"
+        if wl is not None and wl.template != DENSE_CPU:  # no onnxruntime Conv for a dense
             ort_s = ort_conv_seconds(wl) * steps
             ort, ratio = f"{ort_s * 1e3:.2f}", f"{seconds / ort_s:.2f}x"
+        gflops, of_peak = ((f"{rate / 1e9:.0f}", f"{rate / peak * 100:.0f}%") if rate
+                           else ("-", "-"))
         print(f"| {key} | {steps} | {seconds * 1e3:.2f} | {seconds / total * 100:.1f}% "
-              f"| {ort} | {ratio} |", flush=True)
+              f"| {ort} | {ratio} | {gflops} | {of_peak} |", flush=True)
+    print_ceiling(total, headroom, winograd, peak, bandwidth)
+    return peak, bandwidth
+
+
+def winograd_capable(workload: Workload) -> bool:
+    """A 3x3 stride-1 conv without dilation (``compiler.tasks``' rule): Winograd's
+    template can run it, whichever template the build ran."""
+    op = get_template(workload.template).parse(workload)
+    return (isinstance(op, Conv2dOp) and (op.kh, op.kw) == (3, 3)
+            and tuple(op.stride) == (1, 1) and tuple(op.dilation) == (1, 1))
+
+
+def print_ceiling(total: float, headroom: float, winograd: float, peak: float,
+                  bandwidth: float) -> None:
+    """What tuning could buy at most outside the 3x3 stride-1 layers, and what those
+    would then owe for the issue's ``GOAL``."""
+    at_peak = total - headroom
+    owed = total - total / GOAL - headroom  # seconds the 3x3 s1 layers would have to save
+    print(f"\nceiling (FMA peak {peak / 1e9:.0f} GFLOP/s, memory {bandwidth / 1e9:.0f} GB/s): "
+          f"every conv and dense layer but the 3x3 stride-1 ones at the peak: "
+          f"{total * 1e3:.1f} -> {at_peak * 1e3:.1f} ms "
+          f"({total / at_peak:.3f}x); the 3x3 stride-1 layers {winograd * 1e3:.1f} ms "
+          f"({winograd / total * 100:.0f}%)", end="")
+    if owed <= 0:
+        print(f"; {GOAL}x needs nothing of them")
+    elif owed >= winograd:
+        print(f"; {GOAL}x would need them to take {owed * 1e3:.1f} ms less: more than "
+              "all of their time")
+    else:
+        print(f"; {GOAL}x would need them {winograd / (winograd - owed):.2f}x faster "
+              f"({winograd * 1e3:.1f} -> {(winograd - owed) * 1e3:.1f} ms)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,11 +244,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="resnet50,vgg19,densenet121")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--top", type=int, default=10)
+    p.add_argument("--profile", choices=("best-template", "default"), default="best-template",
+                   help="the build whose ops are profiled")
     args = p.parse_args(argv)
     device = open_device()
     print_header("bench/model_ops.py", device.info.name)
+    peak = bandwidth = 0.0
     for name in args.models.split(","):
-        model_main(device, name, args.rounds, args.top)
+        peak, bandwidth = model_main(device, name, args.rounds, args.top,
+                                     f"{args.profile} build", peak, bandwidth)
     return 0
 
 
