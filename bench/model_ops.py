@@ -27,8 +27,8 @@ row is the bare conv, so a ratio a few percent over 1.0 may be the epilogue.
 Each conv and dense row also gives its direct-equivalent GFLOP/s (the template's FLOPs,
 a direct conv's multiply-adds for Winograd too, over the row's time) and that rate against
 the device's float32 FMA peak (``common.fma_peak``: independent vector FMA chains on
-registers; the highest of its measures before and after the model's profiles, as the
-VM's speed moves). The last line bounds what tuning can buy the profiled build: were every
+registers; the highest of its measures after each model's profiles, as the VM's speed
+moves). With ``--profile default`` a last line bounds what tuning can buy: were every
 conv and dense layer that Winograd cannot run (not 3x3 stride 1) at the peak, the build
 would be that much faster, and to be 1.15x faster (issue 17) the 3x3 stride-1 layers,
 on whichever template, would have to make up the rest (a template choice or a config).
@@ -36,7 +36,7 @@ A layer whose weight no cache holds (``common.STREAMED_BYTES``: VGG's dense laye
 batch 1) is bounded by reading that weight at the device's measured read rate
 (``common.stream_bandwidth``, the highest of its measures) where that takes longer.
 ``--profile default`` profiles the default build (what tuning is measured against)
-instead of the best-template one.
+instead of the best-template one; only then is that last line printed.
 
     .venv/bin/python bench/model_ops.py --models resnet50,vgg19,densenet121 --rounds 3
 """
@@ -206,7 +206,8 @@ def model_main(device: Device, name: str, rounds: int, top: int,
                            else ("-", "-"))
         print(f"| {key} | {steps} | {seconds * 1e3:.2f} | {seconds / total * 100:.1f}% "
               f"| {ort} | {ratio} | {gflops} | {of_peak} |", flush=True)
-    print_ceiling(total, headroom, winograd, peak, bandwidth)
+    if profile == "default build":  # the build a tuned one is measured against
+        print_ceiling(total, headroom, winograd, peak, bandwidth)
     return peak, bandwidth
 
 

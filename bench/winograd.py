@@ -40,6 +40,15 @@ CPU after a run: the pause keeps that out of the next kernel's CPU seconds). Tot
 weight each row by its layer count.
 
     .venv/bin/python bench/winograd.py --lanes [--models resnet50,vgg19,densenet121]
+
+``--tile-sizes``: on the same layers, Winograd's default config against the same knobs
+at F(6x6) (``wide_tile``; ``tile_p`` as the default's, and 6) and at F(4x4) with
+``tile_p`` 6, timed as ``--lanes`` times its two defaults (CPU seconds, alternating, each
+checked against numpy first); ratios > 1: the variant is faster; "-" where the variant
+is not a valid config on this device (too many accumulators) or is the default itself.
+What F(6x6) adds to the search space.
+
+    .venv/bin/python bench/winograd.py --tile-sizes [--models vgg19,resnet50]
 """
 
 from __future__ import annotations
@@ -72,6 +81,7 @@ from compiler.runtime.measure import (
 )
 from compiler.tasks import CONV_CPU, CONV_GPU, WINOGRAD, WINOGRAD_CPU
 from compiler.templates import Epilogue, get_template
+from compiler.templates.conv2d_nchwc_winograd import WIDE_TILE, winograd_op
 from compiler.templates.ops import Conv2dOp
 from schemas import Config, DeviceLimits, MeasureOptions, Workload
 
@@ -98,8 +108,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="onnxruntime intra-op threads (default: CPU count)")
     p.add_argument("--lanes", action="store_true",
                    help="Winograd's 8-lane default vs its 16-lane default (and onnxruntime)")
+    p.add_argument("--tile-sizes", action="store_true",
+                   help="Winograd's default vs the same knobs at F(6x6) (and tile_p 6)")
     p.add_argument("--models", default="resnet50,vgg19,densenet121",
-                   help="--lanes: the light models whose Winograd layers are timed")
+                   help="--lanes, --tile-sizes: the light models whose Winograd layers "
+                        "are timed")
     args = p.parse_args(argv)
     device = open_device()
     target = str(device.target)
@@ -108,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         return cpu_model_main(device, args.cpu_model, args.rounds)
     if args.lanes:
         return lanes_main(device, args.models.split(","), args.rounds, args.ort_threads)
+    if args.tile_sizes:
+        return tile_sizes_main(device, args.models.split(","), args.rounds)
     if args.cpu:
         return cpu_main(device, args.layers.split(","), args.rounds, args.ort_threads)
     options = MeasureOptions(number=1, repeat=3, min_repeat_ms=50)
@@ -158,7 +173,8 @@ def cpu_search_configs(wl: Workload, limits: DeviceLimits) -> list[Config]:
                 if op.co % oc_bn:
                     continue
                 config = space.to_config({"tile_size": m, "tile_oc": (op.co // oc_bn, oc_bn),
-                                          "tile_p": tile_p, "vec": 8, "wg": 1})
+                                          "tile_p": tile_p, "vec": 8, "wg": 1,
+                                          "wide_tile": False})
                 if not template.check_limits(wl, config, limits):
                     found.append(config)
     return found
@@ -255,7 +271,7 @@ LANES = (8, 16)  # the devices whose defaults --lanes compares: AVX2, AVX-512
 
 def lanes_main(device: Device, models: list[str], rounds: int, ort_threads: int) -> int:
     """``--lanes``: per layer, the 8-lane and the 16-lane default and onnxruntime, one run."""
-    from conv1x1 import CHECK, cpu_seconds
+    from conv1x1 import CHECK
     from direct_defaults import prepared
 
     winograd = get_template(WINOGRAD_CPU)
@@ -280,24 +296,7 @@ def lanes_main(device: Device, models: list[str], rounds: int, ort_threads: int)
             if not ok:
                 raise SystemExit(f"onnxruntime on {op.input_shapes} disagrees with numpy: {why}")
             runs["onnxruntime"] = lambda conv=conv, x=arrays[0]: conv(x)
-            launches = max(3, round(0.3 / gflop))
-            cpu: dict[str, list[float]] = {k: [] for k in runs}
-            wall: dict[str, list[float]] = {k: [] for k in runs}
-            order = list(runs)
-            for i in range(rounds):
-                for label in order[i % len(order):] + order[:i % len(order)]:  # each goes first in turn
-                    launch = runs[label]
-                    launch()
-                    cpu0, wall0 = cpu_seconds(), time.perf_counter()
-                    for _ in range(launches):
-                        launch()
-                    cpu[label].append((cpu_seconds() - cpu0) / launches)
-                    wall[label].append((time.perf_counter() - wall0) / launches)
-                    # onnxruntime's pool spins a while after a run, in this process: let
-                    # it park before the next kernel's clocks start
-                    settle()
-            med = {f"{k} {clock}": statistics.median(v)
-                   for clock, per in (("cpu", cpu), ("wall", wall)) for k, v in per.items()}
+            med = alternating_times(runs, rounds, gflop)
             for scope in (model, "all models"):
                 row = totals.setdefault(scope, dict.fromkeys(med, 0.0))
                 for k, v in med.items():
@@ -315,6 +314,84 @@ def lanes_main(device: Device, models: list[str], rounds: int, ort_threads: int)
     for scope, med in sorted(totals.items(), key=lambda item: item[0] == "all models"):
         print(f"| {scope} | " + " | ".join(lanes_ratios(med)) + " | "
               f"{med['onnxruntime wall'] / med['8 lanes wall']:.2f}x |")
+    return 0
+
+
+def alternating_times(runs: dict[str, Any], rounds: int, gflop: float) -> dict[str, float]:
+    """Median seconds per launch of each of ``runs`` ("LABEL cpu": CPU seconds, "LABEL
+    wall": wall clock) over ``rounds`` rounds, each going first in turn, of enough
+    launches for ~0.3 GFLOP."""
+    from conv1x1 import cpu_seconds
+
+    launches = max(3, round(0.3 / gflop))
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
+    wall: dict[str, list[float]] = {k: [] for k in runs}
+    order = list(runs)
+    for i in range(rounds):
+        for label in order[i % len(order):] + order[:i % len(order)]:  # each goes first in turn
+            launch = runs[label]
+            launch()
+            cpu0, wall0 = cpu_seconds(), time.perf_counter()
+            for _ in range(launches):
+                launch()
+            cpu[label].append((cpu_seconds() - cpu0) / launches)
+            wall[label].append((time.perf_counter() - wall0) / launches)
+            # onnxruntime's pool spins a while after a run, in this process: let it park
+            # before the next kernel's clocks start
+            settle()
+    return {f"{k} {clock}": statistics.median(v)
+            for clock, per in (("cpu", cpu), ("wall", wall)) for k, v in per.items()}
+
+
+def tile_sizes_main(device: Device, models: list[str], rounds: int) -> int:
+    """``--tile-sizes``: per Winograd layer, its default against F(6x6) and tile_p 6."""
+    from direct_defaults import prepared
+
+    winograd = get_template(WINOGRAD_CPU)
+    variants = (("F(6x6)", 6, None), ("F(6x6) tile_p 6", 6, 6), ("F(4x4) tile_p 6", 4, 6))
+    names = [name for name, _, _ in variants]
+    print("\nCPU seconds, the default's over the variant's (> 1: the variant is faster); "
+          "each row's fastest in bold\n")
+    print("| model | layer | layers | default | " + " | ".join(names) + " |")
+    print("|---|---|---:|---|" + "---:|" * len(names))
+    totals: dict[str, dict[str, float]] = {}
+    for model in models:
+        for wl, layers in winograd_layers(device, model):
+            op: Conv2dOp = winograd.parse(wl)
+            default = winograd.default_config(wl, device.limits)
+            knobs = winograd.decode(wl, default)
+            configs = {"default": default}
+            for name, m, tile_p in variants:
+                tiles = winograd_op(op, m).tiles
+                config = winograd.space(wl).to_config(
+                    dict(knobs, tile_size=4, wide_tile=m == WIDE_TILE,
+                         tile_p=min(tile_p or knobs["tile_p"], tiles)))
+                if (config.index not in {c.index for c in configs.values()}
+                        and not winograd.check_limits(wl, config, device.limits)):
+                    configs[name] = config
+            runs = {label: prepared(device, wl, config) for label, config in configs.items()}
+            med = alternating_times(runs, rounds, op.flops / 1e9)
+            fastest = min(med[f"{label} cpu"] for label in configs)
+            for scope in (model, "all models"):
+                row = totals.setdefault(scope, dict.fromkeys(["default", *names, "fastest"], 0.0))
+                for label in ["default", *names]:  # a variant left out counts as the default
+                    row[label] += med[f"{label if label in configs else 'default'} cpu"] * layers
+                row["fastest"] += fastest * layers
+            ratios = {n: med["default cpu"] / med[f"{n} cpu"] for n in names if n in configs}
+            best = max(ratios.values(), default=0.0)
+            cells = [("-" if n not in ratios else f"**{ratios[n]:.2f}x**"
+                      if ratios[n] == best and best > 1 else f"{ratios[n]:.2f}x")
+                     for n in names]
+            print(f"| {model} | {op.c}->{op.co} {op.h}x{op.w} | {layers} | F({knobs['tile_size']}) "
+                  f"tile_p {knobs['tile_p']} oc_bn {knobs['tile_oc'][1]} | " + " | ".join(cells)
+                  + " |", flush=True)
+    print("\nweighted by layer count (sums of median CPU seconds; a layer without the "
+          "variant counts its default), and each layer's fastest:\n")
+    print("| models | " + " | ".join(names) + " | fastest per layer |")
+    print("|---|" + "---:|" * (len(names) + 1))
+    for scope, row in sorted(totals.items(), key=lambda item: item[0] == "all models"):
+        print(f"| {scope} | " + " | ".join(f"{row['default'] / row[n]:.3f}x"
+                                           for n in [*names, "fastest"]) + " |")
     return 0
 
 

@@ -44,7 +44,11 @@ LAYERS = [(64, 56, 64), (128, 28, 128), (256, 14, 256), (512, 7, 512),
 
 
 def knobs(wl: Workload, limits: DeviceLimits | None) -> dict[str, object]:
-    return TEMPLATE.decode(wl, TEMPLATE.default_config(wl, limits))
+    """The default's knobs but ``wide_tile``, which no default takes (F(6x6) pays on
+    large images only: a tuning chooses it)."""
+    values = TEMPLATE.decode(wl, TEMPLATE.default_config(wl, limits))
+    assert values.pop("wide_tile") is False
+    return values
 
 
 @pytest.mark.parametrize("layer", LAYERS)

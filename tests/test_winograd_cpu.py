@@ -72,11 +72,14 @@ def workload(n: int, c: int, h: int, w: int, k: int, pad: int = 1,
 
 
 def config(wl: Workload, **values: object) -> Config:
-    """The default config with ``values`` changed (``oc_bn`` sets tile_oc's inner factor)."""
+    """The default config with ``values`` changed (``oc_bn`` sets tile_oc's inner factor,
+    ``tile_size=6`` means tile_size 4 with ``wide_tile``)."""
     knobs = TEMPLATE.decode(wl, TEMPLATE.default_config(wl))
     oc_bn = values.pop("oc_bn", None)
     if oc_bn is not None:
         knobs["tile_oc"] = (TEMPLATE.parse(wl).co // oc_bn, oc_bn)
+    if values.get("tile_size") == 6:
+        values.update(tile_size=4, wide_tile=True)
     knobs.update(values)
     return TEMPLATE.space(wl).to_config(knobs)
 
@@ -96,9 +99,11 @@ def test_workloads_it_cannot_compute_are_refused(wl: Workload, words: str) -> No
 def test_space_knobs_and_default() -> None:
     wl = workload(1, 64, 56, 56, 64)
     space = TEMPLATE.space(wl)
-    assert [k.name for k in space.knobs] == ["tile_size", "tile_oc", "tile_p", "vec", "wg"]
+    assert [k.name for k in space.knobs] == ["tile_size", "tile_oc", "tile_p", "vec", "wg",
+                                             "wide_tile"]
     knobs = TEMPLATE.decode(wl, TEMPLATE.default_config(wl))
-    assert knobs == {"tile_size": 4, "tile_oc": (4, 16), "tile_p": 4, "vec": 8, "wg": 1}
+    assert knobs == {"tile_size": 4, "tile_oc": (4, 16), "tile_p": 4, "vec": 8, "wg": 1,
+                     "wide_tile": False}
     assert TEMPLATE.check_limits(wl, TEMPLATE.default_config(wl), CPU_LIMITS) == []
     assert TEMPLATE.out_block(wl, TEMPLATE.default_config(wl)) == 16
     # a layer of fewer tiles than 4 gets a register block of all of them
@@ -124,18 +129,21 @@ def test_pack_weight_is_the_filter_transform_blocked_by_oc_bn() -> None:
         assert TEMPLATE.codegen(wl, cfg).buffers[1].shape == packed.shape
 
 
-def test_a_record_from_before_f6x6_decodes_by_its_entity() -> None:
-    """tile_size had the candidates (2, 4) before 6 joined them, so a stored record's
-    index (tile_size least significant: radix 2 then) names another point now; its
-    entity still decides the kernel, as AutoTVM applies it."""
+def test_a_record_from_before_wide_tile_keeps_its_index_and_kernel() -> None:
+    """wide_tile (F(6x6)) is the most significant knob: a record stored before it (no
+    such knob in its entity) decodes as the F(4x4) it was timed as, at the same index."""
     wl = workload(1, 64, 56, 56, 64)
     cfg = TEMPLATE.default_config(wl)
-    assert TEMPLATE.decode(wl, cfg)["tile_size"] == 4
-    before = Config(index=cfg.index // 3 * 2 + 1, entity=cfg.entity)
-    assert before.index != cfg.index
+    before = Config(index=cfg.index,
+                    entity=tuple(e for e in cfg.entity if e.name != "wide_tile"))
     assert TEMPLATE.decode(wl, before) == TEMPLATE.decode(wl, cfg)
+    assert TEMPLATE.decode(wl, before)["wide_tile"] is False
+    assert TEMPLATE.space(wl).normalize(TEMPLATE.space(wl).to_config(
+        TEMPLATE.decode(wl, before))).index == cfg.index
     assert TEMPLATE.codegen(wl, before).source == TEMPLATE.codegen(wl, cfg).source
-    assert TEMPLATE.space(wl).normalize(before).index == cfg.index
+    wide = config(wl, tile_size=6)
+    assert wide.index == cfg.index + len(TEMPLATE.space(wl)) // 2
+    assert TEMPLATE.codegen(wl, wide).meta["tile_size"] == 6
 
 
 def test_config_rules_name_the_problem() -> None:
@@ -146,6 +154,10 @@ def test_config_rules_name_the_problem() -> None:
     assert TEMPLATE.check_limits(wl, config(wl, tile_p=5), CPU_LIMITS) == [
         "tile_p 5 is more than the layer's 4 tiles of 4x4"]
     assert TEMPLATE.check_limits(wl, config(wl, tile_p=8, tile_size=2), CPU_LIMITS) == []
+    # F(6x6) takes F(4x4)'s place; beside F(2x2) it would be the same kernel twice
+    assert TEMPLATE.check_limits(wl, config(wl, tile_size=2, wide_tile=True, tile_p=4),
+                                 CPU_LIMITS) == [
+        "wide_tile takes tile_size 4's place, not tile_size 2's (the same F(6x6) kernel)"]
     assert TEMPLATE.check_limits(wl, config(wl, tile_p=8, tile_size=2, oc_bn=64),
                                  CPU_LIMITS) == [
         "512 accumulators per work-item (8 tiles x 64 channels) > 256"]
@@ -258,7 +270,7 @@ def test_kernel_matches_numpy(device: Device, case: int) -> None:
 def test_cases_cover_every_tile_size_layouts_and_store_paths() -> None:
     seen = [(config(wl, **dict(k)), wl, io) for wl, k, _, io in CASES]
     knobs = [TEMPLATE.decode(wl, c) for c, wl, _ in seen]
-    assert {k["tile_size"] for k in knobs} == {2, 4, 6}
+    assert {6 if k["wide_tile"] else k["tile_size"] for k in knobs} == {2, 4, 6}
     assert {k["vec"] for k in knobs} >= {1, 2, 4, 8, 16}
     assert any(io.out_block == k["tile_oc"][1] for k, (_, _, io) in zip(knobs, seen))
     assert any(io.out_block not in (0, k["tile_oc"][1]) for k, (_, _, io) in zip(knobs, seen))

@@ -33,15 +33,18 @@ NCHW[data_block]c, output written in NCHW[out_block]c (the compiler asks for oc_
 a fused residual read in NCHW[residual_block]c, so Winograd layers chain with direct ones
 without layout transforms.
 
-Knobs (index order, first least significant): ``tile_size`` (m: 2, 4 or 6; F(6x6, 3x3)
-at the points 0, +-1, +-1/2, +-2 errs up to ~20% of the measurer's tolerance at 512
-input channels, F(4x4) ~5%, and every trial is checked; its larger tiles waste more of
-an image whose side is not a multiple of 6 and its transforms cost more, so it pays on
-large images only: docs/BENCHMARKS.md, "Winograd F(6x6)". A record from before 6 was a
-candidate decodes by its entity; its ``index`` names another point now), ``tile_oc`` [K/oc_bn, oc_bn], ``tile_p`` (tiles per
-register block, 1-8; at most P), ``vec`` (1, 2, 4, 8, 16: lanes per vector, must divide
-oc_bn; the input transform takes the largest power of two up to it that divides C and
-the data block) and ``wg`` (1, 2, 4: GEMM work-items per group, along the points).
+Knobs (index order, first least significant): ``tile_size`` (m: 2 or 4), ``tile_oc``
+[K/oc_bn, oc_bn], ``tile_p`` (tiles per register block, 1-8; at most P), ``vec`` (1, 2,
+4, 8, 16: lanes per vector, must divide oc_bn; the input transform takes the largest
+power of two up to it that divides C and the data block), ``wg`` (1, 2, 4: GEMM
+work-items per group, along the points) and ``wide_tile`` (False, True: F(6x6, 3x3) in
+place of tile_size 4's F(4x4); only with tile_size 4, so every valid point is one
+kernel). wide_tile is the most significant knob, so a record from before it keeps its
+``index``, and one without it decodes as F(2x2) or F(4x4), as it was timed. F(6x6) at the
+points 0, +-1, +-1/2, +-2 errs up to ~20% of the measurer's tolerance at 512 input
+channels (F(4x4) ~5%; every trial is checked); its tiles waste more of an image whose
+side is not a multiple of 6 and its transforms cost more, so it pays on large images
+only (docs/BENCHMARKS.md, "Winograd F(6x6)").
 The transform matrices are those of ``conv2d_nchw_winograd.cuda``. FLOPs are the
 direct convolution's (as AutoTVM counts them), so GFLOP/s compare as speed.
 """
@@ -83,9 +86,10 @@ from compiler.templates.conv2d_winograd import (
 from compiler.templates.emit import indent, private_tile, signature
 from compiler.templates.ops import Conv2dOp
 from compiler.templates.space import ConfigSpace, OtherKnob, SplitKnob
-from schemas import Config, DeviceLimits, Workload
+from schemas import Config, DeviceLimits, KnobEntity, Workload
 
-TILE_SIZES = (2, 4, 6)
+TILE_SIZES = (2, 4)
+WIDE_TILE = 6  # the tile size of ``wide_tile``, which takes tile_size 4's place
 TILE_P = (1, 2, 3, 4, 5, 6, 7, 8)
 VEC_CANDIDATES = (1, 2, 4, 8, 16)
 WG_CANDIDATES = (1, 2, 4)  # each divides alpha^2 (16, 36 and 64)
@@ -152,13 +156,21 @@ class Conv2dNCHWcWinograd(Template):
             OtherKnob("tile_p", TILE_P),
             OtherKnob("vec", VEC_CANDIDATES),
             OtherKnob("wg", WG_CANDIDATES),
+            OtherKnob("wide_tile", (False, True)),
         ])
+
+    def decode(self, workload: Workload, config: Config) -> dict[str, Any]:
+        """Knob values; a config without ``wide_tile`` (recorded before it) gets False."""
+        if not any(e.name == "wide_tile" for e in config.entity):
+            config = config.model_copy(update={"entity": (
+                *config.entity, KnobEntity(name="wide_tile", kind="ot", value=False))})
+        return self.space(workload).decode(config)
 
     def pack_weight(self, workload: Workload, config: Config, weight: np.ndarray) -> np.ndarray:
         """OIHW -> U = G g G^T as [K/oc_bn][alpha^2][C][oc_bn] float32 (from float64)."""
         op = self.parse(workload)
         k = self.decode(workload, config)
-        wop = winograd_op(op, int(k["tile_size"]))
+        wop = winograd_op(op, tile_m(k))
         oc_bn = int(k["tile_oc"][1])
         u = pack_filter(wop, np.asarray(weight))  # [alpha, alpha, C, K]
         a2 = wop.alpha * wop.alpha
@@ -194,6 +206,7 @@ class Conv2dNCHWcWinograd(Template):
                 "tile_p": min(4, winograd_op(op, 4).tiles),
                 "vec": max(v for v in VEC_CANDIDATES if v <= 8 and oc_bn % v == 0),
                 "wg": 1,
+                "wide_tile": False,
             }
         return self.space(workload).to_config(values)
 
@@ -280,6 +293,7 @@ def avx512_default(op: Conv2dOp) -> dict[str, Any]:
         "tile_p": min(4, winograd_op(op, m).tiles),
         "vec": max(v for v in VEC_CANDIDATES if v <= AVX512_LANES and oc_bn % v == 0),
         "wg": 1,
+        "wide_tile": False,
     }
 
 
@@ -295,6 +309,14 @@ def small_tile(op: Conv2dOp) -> bool:
             and op.c * op.co >= SMALL_TILE_WEIGHTS)
 
 
+def tile_m(knobs: dict[str, Any]) -> Any:
+    """The output tile size m a config's knobs (one config's, or ``ConfigSpace.columns``'
+    arrays) compute with."""
+    return np.where(knobs["wide_tile"], WIDE_TILE, knobs["tile_size"]) \
+        if np.ndim(knobs["tile_size"]) else (WIDE_TILE if knobs["wide_tile"]
+                                             else int(knobs["tile_size"]))
+
+
 def winograd_op(op: Conv2dOp, m: int) -> WinogradOp:
     """``op`` with its Winograd tiling of m x m output tiles."""
     fields = {f.name: getattr(op, f.name) for f in dataclasses.fields(Conv2dOp)}
@@ -306,7 +328,8 @@ class _Plan:
     for ``ConfigSpace.columns`` (features, limits)."""
 
     def __init__(self, op: Conv2dOp, k: dict[str, Any]) -> None:
-        self.m = k["tile_size"]
+        self.m = tile_m(k)
+        self.wide, self.tile_size = k["wide_tile"], k["tile_size"]
         self.alpha = self.m + KERNEL_SIZE - 1
         self.a2 = self.alpha * self.alpha
         self.n_h = ceil_div(op.oh, self.m)
@@ -325,7 +348,8 @@ class _Plan:
 
 def _rules(p: _Plan) -> tuple[Rule, ...]:
     """vec splits oc_bn into vectors: it must divide it. A register block of more tiles
-    than the layer has computes copies of the last tile: refused."""
+    than the layer has computes copies of the last tile: refused. wide_tile goes with
+    tile_size 4 only (with 2 it would be the same kernel again)."""
     return (
         Rule(ok=p.oc_bn % p.vec == 0,
              message="vec {vec} does not divide the output-channel block {oc_bn}",
@@ -333,6 +357,10 @@ def _rules(p: _Plan) -> tuple[Rule, ...]:
         Rule(ok=p.pt <= p.tiles,
              message="tile_p {tile_p} is more than the layer's {tiles} tiles of {m}x{m}",
              values={"tile_p": p.pt, "tiles": p.tiles, "m": p.m}),
+        Rule(ok=np.logical_or(np.logical_not(p.wide), p.tile_size == 4),
+             message="wide_tile takes tile_size 4's place, not tile_size {tile_size}'s "
+                     "(the same F(6x6) kernel)",
+             values={"tile_size": p.tile_size}),
     )
 
 

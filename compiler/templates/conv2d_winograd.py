@@ -68,7 +68,8 @@ from schemas import Config, DeviceLimits, Workload
 KERNEL_SIZE = 3
 # Work-items per block of the two untuned transform stages: fits every GPU and PoCL.
 TRANSFORM_THREADS = 64
-# TVM's interpolation points (finite ones; infinity is the last) per output tile size.
+# TVM's interpolation points (finite ones; infinity is the last) per output tile size
+# (6: conv2d_NCHWc_winograd.x86's wide_tile).
 POINTS = {2: (0.0, -1.0, 1.0), 4: (0.0, -1.0, 1.0, 0.5, -2.0),
           6: (0.0, -1.0, 1.0, 0.5, -0.5, 2.0, -2.0)}
 
