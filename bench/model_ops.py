@@ -36,7 +36,8 @@ A layer whose weight no cache holds (``common.STREAMED_BYTES``: VGG's dense laye
 batch 1) is bounded by reading that weight at the device's measured read rate
 (``common.stream_bandwidth``, the highest of its measures) where that takes longer.
 ``--profile default`` profiles the default build (what tuning is measured against)
-instead of the best-template one; only then is that last line printed.
+instead of the best-template one; only then is that last line printed. It reads the
+step minima: with one round a noisy profile shows headroom a quieter one does not.
 
     .venv/bin/python bench/model_ops.py --models resnet50,vgg19,densenet121 --rounds 3
 """
