@@ -11,6 +11,7 @@ from server_fixtures import TOPHUB_DIR
 from sqlalchemy import select
 
 from compiler.templates import get_template
+from compiler.templates.conv2d_nchwc_winograd import tile_m
 from schemas import Config, DeviceLimits, Target, Workload
 from schemas.api import JobRequest
 from tuner_server.db.models import TaskRow, TrialRow
@@ -111,3 +112,44 @@ def test_the_first_plan_runs_the_default_sized_for_the_workers_lanes(tmp_path: P
                                   .order_by(TrialRow.id)).all()
         assert planned[0].config_index == wide
         assert task.default_index == wide  # what the verification and the view read
+
+
+def test_the_first_plan_tries_the_defaults_other_winograd_tiles_next(tmp_path: Path) -> None:
+    """Right after the default, the first plan measures the default at Winograd's other
+    tile sizes (``default_variants``): a short search then has F(6x6) on a large image
+    beside the default's other knobs. A budget of one trial still runs the default alone."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    upgrade(engine)
+    sessions = session_factory(engine)
+    target = Target.parse("opencl -model=pocl-cpu")
+    lanes16 = DeviceLimits(max_threads_per_block=4096, max_thread_x=4096, simd_lanes=16)
+    workloads = [Workload(template="conv2d_NCHWc_winograd.x86", args=[
+        ["TENSOR", [1, c, 56, 56], "float32"], ["TENSOR", [c, c, 3, 3], "float32"],
+        [1, 1], [1, 1, 1, 1], [1, 1], "NCHW", "NCHW", "float32"]) for c in (64, 128)]
+    with sessions.begin() as session:
+        dispatch.register(session, "avx512", target, lanes16, None, 60.0)
+        wide = jobs.submit(session, JobRequest(target=target, tasks=[workloads[0]], n_trial=8,
+                                               tuner="random", plan_size=8))
+        one = jobs.submit(session, JobRequest(target=target, tasks=[workloads[1]], n_trial=1,
+                                              tuner="random", plan_size=8))
+    with sessions.begin() as session:
+        plan_once(session, SqlQueue(), SearchState())
+    template = get_template("conv2d_NCHWc_winograd.x86")
+
+    def planned(job_id: int) -> tuple[TaskRow, list[int]]:
+        with sessions.begin() as session:
+            task = session.scalars(select(TaskRow).where(TaskRow.job_id == job_id)).one()
+            return task, list(session.scalars(
+                select(TrialRow.config_index).where(TrialRow.task_id == task.id)
+                .order_by(TrialRow.id)))
+
+    task, indices = planned(wide)
+    default = template.default_config(workloads[0], lanes16)
+    variants = [c.index for c in template.default_variants(workloads[0], lanes16)]
+    assert len(variants) == 2 and default.index not in variants
+    assert indices[:3] == [default.index, *variants] and task.default_index == default.index
+    assert len(indices) == 8 and len(set(indices)) == 8
+    space = template.space(workloads[0])
+    assert [tile_m(template.decode(workloads[0], space.get(i))) for i in indices[:3]] == [4, 2, 6]
+    task, indices = planned(one)
+    assert indices == [template.default_config(workloads[1], lanes16).index]

@@ -42,7 +42,7 @@ from compiler.templates import (
     WorkloadError,
     get_template,
 )
-from compiler.templates.conv2d_nchwc_winograd import winograd_op
+from compiler.templates.conv2d_nchwc_winograd import tile_m, winograd_op
 from compiler.templates.conv2d_winograd import pack_filter
 from schemas import (
     Config,
@@ -144,6 +144,26 @@ def test_a_record_from_before_wide_tile_keeps_its_index_and_kernel() -> None:
     wide = config(wl, tile_size=6)
     assert wide.index == cfg.index + len(TEMPLATE.space(wl)) // 2
     assert TEMPLATE.codegen(wl, wide).meta["tile_size"] == 6
+
+
+def test_default_variants_switch_the_tile_size_alone() -> None:
+    """What a search measures right after the default: the default at the two other tile
+    sizes, every other knob as the default's (tile_p at most the image's tiles), each a
+    config the device takes."""
+    lanes16 = CPU_LIMITS.model_copy(update={"simd_lanes": 16})
+    for wl, default_m in ((workload(1, 64, 224, 224, 64), 4), (workload(1, 512, 7, 7, 512), 2),
+                          (workload(1, 8, 3, 3, 12), 4)):
+        default = TEMPLATE.decode(wl, TEMPLATE.default_config(wl, lanes16))
+        assert tile_m(default) == default_m
+        variants = [TEMPLATE.decode(wl, c) for c in TEMPLATE.default_variants(wl, lanes16)]
+        assert sorted(tile_m(v) for v in variants) == sorted({2, 4, 6} - {default_m})
+        for v, c in zip(variants, TEMPLATE.default_variants(wl, lanes16)):
+            assert TEMPLATE.check_limits(wl, c, lanes16) == []
+            tiles = winograd_op(TEMPLATE.parse(wl), tile_m(v)).tiles
+            assert v["tile_p"] == min(default["tile_p"], tiles)
+            same = {k: x for k, x in v.items() if k not in ("tile_size", "wide_tile", "tile_p")}
+            assert same == {k: x for k, x in default.items()
+                            if k not in ("tile_size", "wide_tile", "tile_p")}
 
 
 def test_config_rules_name_the_problem() -> None:

@@ -551,6 +551,14 @@ class Template(ABC):
         """AutoTVM's fallback config: what runs when nothing was tuned. ``limits``: the
         device's, where known (a CPU template's register tile follows ``simd_lanes``)."""
 
+    def default_variants(self, workload: Workload,
+                         limits: DeviceLimits | None = None) -> list[Config]:
+        """The default config with its algorithm switched (Winograd's tile size): knobs
+        whose best value no default rule predicts on every device and layer, and whose
+        other values a short search rarely draws beside the default's other knobs. A
+        search measures these right after the default. None here."""
+        return []
+
     @abstractmethod
     def _codegen(self, op: Any, knobs: dict[str, Any], epilogue: Epilogue) -> Kernel: ...
 

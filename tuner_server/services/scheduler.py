@@ -515,10 +515,16 @@ def _plan_task(session: Session, job: JobRow, task: TaskRow, limits: DeviceLimit
         # is sized for the devices' lanes (the fewest among the queue's workers), and kept
         # on the task: the verification and the model view read it, whatever registers
         # later.
-        default = np.array([tuner.template.default_config(tuner.workload, limits).index])
-        indices = default[tuner.valid(default)]
-        task.default_index = int(indices[0]) if len(indices) else None
-        search.visited.add(indices)  # the state is dropped if this plan is not stored
+        # Its algorithm variants follow (``Template.default_variants``): where another
+        # Winograd tile wins, the search has it in hand from the first plan.
+        template, workload = tuner.template, tuner.workload
+        default = template.default_config(workload, limits).index
+        firsts = np.array([default, *(c.index for c in
+                                      template.default_variants(workload, limits))])
+        firsts = _fresh(firsts[tuner.valid(firsts)], search.visited)[:want]
+        task.default_index = default if bool((firsts == default).any()) else None
+        search.visited.add(firsts)  # the state is dropped if this plan is not stored
+        indices = firsts
     if want > len(indices):
         proposed = tuner.propose(want - len(indices), search.visited,
                                  search.measured if search.measured is not None
