@@ -60,12 +60,12 @@ MEASURE_FLAGS = {"number": "--number", "repeat": "--repeat",
 
 
 def measure_options(number: int, repeat: int, min_repeat_ms: float,
-                    timeout: float) -> MeasureOptions:
+                    timeout: float, cpu_cache_flush: bool = False) -> MeasureOptions:
     """The timing options, refused (exit 2, naming the flag) outside what a worker can
     honour."""
     try:
         return MeasureOptions(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
-                              timeout_s=timeout)
+                              timeout_s=timeout, enable_cpu_cache_flush=cpu_cache_flush)
     except ValidationError as err:
         first = err.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else ""

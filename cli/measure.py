@@ -22,6 +22,9 @@ def measure(
     repeat: int = typer.Option(3, "--repeat", min=1, help="costs measured"),
     min_repeat_ms: float = typer.Option(0.0, "--min-repeat-ms", min=0),
     timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="seconds for the trial"),
+    cpu_cache_flush: bool = typer.Option(
+        False, "--cpu-cache-flush", help="on a CPU device, each launch reads its weight "
+                                         "from memory (as `tuner tune` times trials)"),
     epilogue: str = typer.Option("", "--epilogue", help="fused ops, e.g. bias,relu or bias,hard_swish (as tuner codegen --epilogue)"),
 ) -> None:
     """Measure one config; prints one AutoTVM record line (exit 1 if the trial failed)."""
@@ -37,7 +40,7 @@ def measure(
         fused = Epilogue.parse(epilogue)
     except ValueError as err:
         fail(f"--epilogue: {err}")
-    options = measure_options(number, repeat, min_repeat_ms, timeout)
+    options = measure_options(number, repeat, min_repeat_ms, timeout, cpu_cache_flush)
     request = MeasureRequest(tmpl.name, wl, cfg, options, fused)
     try:
         with IsolatedMeasurer(device, target) as measurer:

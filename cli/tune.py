@@ -82,6 +82,10 @@ def tune(
                                         min=0),
     timeout: float = typer.Option(api.DEFAULT_MEASURE.timeout_s, "--timeout",
                                   help="seconds per trial"),
+    cpu_cache_flush: bool = typer.Option(
+        api.DEFAULT_MEASURE.enable_cpu_cache_flush, "--cpu-cache-flush/--no-cpu-cache-flush",
+        help="on a CPU device, time each launch with its weight read from memory, as a "
+             "layer in a model runs (AutoTVM's enable_cpu_cache_flush)"),
     quantize: bool = QUANTIZE,
     qconfig: list[str] | None = QCONFIG,
 ) -> None:
@@ -89,7 +93,7 @@ def tune(
     without --server, runs the server and a worker in-process. With --quantize, the
     tasks of the int8 model (what `tuner compile --quantize` builds)."""
     tgt = parse_target(target)
-    measure = measure_options(number, repeat, min_repeat_ms, timeout)
+    measure = measure_options(number, repeat, min_repeat_ms, timeout, cpu_cache_flush)
     url = None
     if server is not None:
         server = check_server_url(server)

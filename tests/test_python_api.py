@@ -484,11 +484,12 @@ def test_cli_times_trials_as_tune_does() -> None:
     from cli.tune import tune as command
 
     defaults = {name: p.default.default for name, p in inspect.signature(command).parameters.items()
-                if name in ("number", "repeat", "min_repeat_ms", "timeout")}
+                if name in ("number", "repeat", "min_repeat_ms", "timeout", "cpu_cache_flush")}
     assert defaults == {"number": tuner.DEFAULT_MEASURE.number,
                         "repeat": tuner.DEFAULT_MEASURE.repeat,
                         "min_repeat_ms": tuner.DEFAULT_MEASURE.min_repeat_ms,
-                        "timeout": tuner.DEFAULT_MEASURE.timeout_s}
+                        "timeout": tuner.DEFAULT_MEASURE.timeout_s,
+                        "cpu_cache_flush": tuner.DEFAULT_MEASURE.enable_cpu_cache_flush}
     assert inspect.signature(tuner.tune).parameters["measure"].default == tuner.DEFAULT_MEASURE
     assert tuner.DEFAULT_MEASURE.min_repeat_ms == 50.0
 

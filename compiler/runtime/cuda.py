@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import wraps
 from typing import Any, TypeVar
@@ -256,8 +256,9 @@ class CUDADevice(Device):
         return super().launch(program, kernel, buffers, timed)
 
     @_in_context
-    def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int) -> float:
-        return super().time(program, kernel, buffers, number)
+    def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int,
+             rotate: Sequence[list[Any]] = ()) -> float:
+        return super().time(program, kernel, buffers, number, rotate)
 
     def _enqueue(self, function: Any, grid: tuple[int, int, int],
                  block: tuple[int, int, int], buffers: list[Any], timed: bool) -> Any:

@@ -237,9 +237,12 @@ class Device(ABC):
         self.launch(program, kernel, buffers)
         self.synchronize()
 
-    def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int) -> float:
+    def time(self, program: Any, kernel: Kernel, buffers: list[Any], number: int,
+             rotate: Sequence[list[Any]] = ()) -> float:
         """Seconds per launch over ``number`` back-to-back launches, by device events
-        on the first and the last.
+        on the first and the last. With ``rotate`` (more operand sets of the same
+        shapes) the launches take ``buffers`` and each of them in turn: a CPU trial's
+        copies of its weight, so that no launch finds its weight in a cache.
 
         Where the backend can, the launches are queued behind a hold kernel that lasts
         longer than the host takes to enqueue them: the first event is then not recorded
@@ -248,14 +251,19 @@ class Device(ABC):
         the host finished (its rate was learnt at lower clocks) is learnt from, and the
         timing done once more behind a longer one.
         """
+        # prepared before any hold starts running
+        launches = [self.prepare(program, kernel, b) for b in (buffers, *rotate)]
+
+        def launch(i: int) -> Any:
+            return launches[i % len(launches)](i in (0, number - 1))
         if not self.holds_queue:
-            return self._time_launches(program, kernel, buffers, number)
-        launch = self.prepare(program, kernel, buffers)  # before the hold starts running
+            handles = [launch(i) for i in range(number)]
+            return self.elapsed(handles[0], handles[-1]) / number
         for attempt in (1, 2):
             seconds = min(MAX_HOLD_S, HOLD_MARGIN * attempt * number * self._enqueue_s + 1e-3)
             hold, steps = self._hold_queue(seconds)
             began = perf_counter()
-            handles = [launch(i in (0, number - 1)) for i in range(number)]
+            handles = [launch(i) for i in range(number)]
             self._enqueue_s = (perf_counter() - began) / number
             ran_out = self._finished(hold)
             cost = self.elapsed(handles[0], handles[-1]) / number
@@ -263,12 +271,6 @@ class Device(ABC):
             if not ran_out or seconds >= MAX_HOLD_S:
                 break
         return cost
-
-    def _time_launches(self, program: Any, kernel: Kernel, buffers: list[Any],
-                       number: int) -> float:
-        launch = self.prepare(program, kernel, buffers)
-        handles = [launch(i in (0, number - 1)) for i in range(number)]
-        return self.elapsed(handles[0], handles[-1]) / number
 
     def _finished(self, handle: Any) -> bool:
         """Whether a timed launch has already completed (not waited on); False where

@@ -16,6 +16,7 @@ from compiler.runtime.device import (
     Device,
     DeviceRuntimeError,
     LaunchLimitError,
+    is_cpu,
 )
 from compiler.templates import (
     ConfigError,
@@ -266,9 +267,34 @@ def timed_layout(request: MeasureRequest) -> str | None:
     return "->".join(f"NCHW{b}c" if b else "NCHW" for b in (io.data_block, io.out_block))
 
 
+# Bytes of weight copies a trial with cold weights launches on in turn (a few times a
+# server CPU's last-level cache), and at most this many copies: a small weight's copies
+# stay cached, as it does between two runs of a model.
+COLD_BYTES = 128 << 20
+MAX_COLD_COPIES = 128
+
+
+def cold_operands(device: Device, kernel: Kernel, buffers: list[Any]) -> list[list[Any]]:
+    """Operand sets for ``Device.time``'s ``rotate``: ``buffers`` with every input but
+    the first (the data) replaced by a copy of its own, enough copies that a launch finds
+    its weight in no cache (AutoTVM's ``enable_cpu_cache_flush`` flushes the same
+    arguments; copies need no flush instruction)."""
+    inputs = range(1, len(kernel.buffers) - 1)
+    nbytes = sum(kernel.buffers[i].nbytes for i in inputs)
+    if not nbytes:
+        return []
+    host = {i: device.download(buffers[i], kernel.buffers[i].shape, kernel.buffers[i].dtype)
+            for i in inputs}
+    copies = min(MAX_COLD_COPIES, math.ceil(COLD_BYTES / nbytes)) - 1
+    return [[device.upload(host[i]) if i in host else b for i, b in enumerate(buffers)]
+            for _ in range(copies)]
+
+
 @dataclass
 class ReadyTrial:
-    """A trial built, checked and sized (launches a repeat), its repeats still to time."""
+    """A trial built, checked and sized (launches a repeat), its repeats still to time.
+    With ``rotation`` (cold weights) its launches take ``buffers`` and each set of it in
+    turn, going on where the last repeat stopped."""
 
     request: MeasureRequest
     device: Device
@@ -278,14 +304,20 @@ class ReadyTrial:
     number: int
     costs: list[float] = field(default_factory=list)
     seconds: float = 0.0  # spent on it so far (its all_cost)
+    rotation: list[list[Any]] = field(default_factory=list)
+    turn: int = 0
 
     def repeat(self) -> float:
         """Time one repeat (kept in ``costs``, and returned); a device error raises
         :class:`TrialFailure` (error 4)."""
         began = time.time()
+        sets = [self.buffers, *self.rotation]
+        first = self.turn % len(sets)
+        sets = sets[first:] + sets[:first]
         try:
-            self.costs.append(_time(self.device, self.program, self.kernel, self.buffers,
+            self.costs.append(_time(self.device, self.program, self.kernel, sets,
                                     self.number))
+            self.turn += self.number
             return self.costs[-1]
         except Exception as err:  # noqa: BLE001 - as a failure of this trial
             raise _device_failure(err) from None
@@ -320,16 +352,21 @@ def ready_trial(device: Device, request: MeasureRequest,
             ok, why = max_abs_error_ok(got, reference(), opts)
             if not ok:
                 raise TrialFailure(MeasureErrorNo.WRONG_ANSWER, why)
+        rotation = (cold_operands(device, kernel, buffers)
+                    if opts.enable_cpu_cache_flush and is_cpu(device.info) else [])
         number = opts.number
         floor_ms = max(opts.min_repeat_ms, device.min_repeat_ms)
         if floor_ms > 0:
-            once = device.time(program, kernel, buffers, 1)
+            # on a cold copy where there are copies (the check warmed ``buffers``)
+            once = device.time(program, kernel, rotation[0] if rotation else buffers, 1)
             number = max(number, math.ceil(floor_ms / 1e3 / max(once, 1e-9)))
     except TrialFailure:
         raise
     except Exception as err:  # noqa: BLE001 - allocation (out of memory), copies, launch
         raise _device_failure(err) from None
-    return ReadyTrial(request, device, program, kernel, buffers, number)
+    # the first repeat starts on a copy the check did not warm
+    return ReadyTrial(request, device, program, kernel, buffers, number, rotation=rotation,
+                      turn=1 if rotation else 0)
 
 
 def _result(costs: list[float], seconds: float) -> MeasureResult:
@@ -351,14 +388,17 @@ def _measure(device: Device, request: MeasureRequest,
     return _result(ready.costs, time.time() - start)
 
 
-def _time(device: Device, program: Any, kernel: Any, buffers: list[Any],
+def _time(device: Device, program: Any, kernel: Any, sets: list[list[Any]],
           number: int) -> float:
-    """Seconds per launch over ``number`` launches, timed in batches of at most
-    ``MAX_TIMED_LAUNCHES`` (each behind its own hold): device time over launches."""
+    """Seconds per launch over ``number`` launches on the operand ``sets`` in turn, timed
+    in batches of at most ``MAX_TIMED_LAUNCHES`` (each behind its own hold): device time
+    over launches."""
     total, left = 0.0, number
     while left:
         batch = min(left, MAX_TIMED_LAUNCHES)
-        total += device.time(program, kernel, buffers, batch) * batch
+        at = (number - left) % len(sets)
+        turned = sets[at:] + sets[:at]
+        total += device.time(program, kernel, turned[0], batch, turned[1:]) * batch
         left -= batch
     return total / number
 

@@ -1,0 +1,78 @@
+"""Cold weights (``MeasureOptions.enable_cpu_cache_flush``): on a CPU device a trial's
+launches take copies of its weight in turn, so none finds its weight in a cache, as a
+layer inside a model does not; the check and the result are as without."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from compiler.runtime.device import Device
+from compiler.runtime.measure import (
+    COLD_BYTES,
+    MAX_COLD_COPIES,
+    MeasureRequest,
+    measure,
+    ready_trial,
+)
+from compiler.templates import get_template
+from schemas import MeasureOptions, Workload
+
+DIRECT = "conv2d_NCHWc.x86"
+WORKLOAD = Workload(template=DIRECT, args=[
+    ["TENSOR", [1, 16, 12, 12], "float32"], ["TENSOR", [32, 16, 3, 3], "float32"], [1, 1],
+    [1, 1, 1, 1], [1, 1], "NCHW", "NCHW", "float32"])
+COLD = MeasureOptions(number=5, repeat=3, min_repeat_ms=0, enable_cpu_cache_flush=True)
+
+
+def request(options: MeasureOptions) -> MeasureRequest:
+    config = get_template(DIRECT).default_config(WORKLOAD)
+    return MeasureRequest(DIRECT, WORKLOAD, config, options)
+
+
+def test_the_option_is_off_unless_asked_and_tune_asks() -> None:
+    import tuner
+
+    assert MeasureOptions().enable_cpu_cache_flush is False  # AutoTVM's default
+    assert tuner.DEFAULT_MEASURE.enable_cpu_cache_flush is True
+
+
+def test_each_launch_reads_another_copy_of_the_weight(device: Device,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    ready = ready_trial(device, request(COLD))
+    weight_bytes = ready.kernel.buffers[1].nbytes
+    assert len(ready.kernel.buffers) == 3  # data, weight, output: no other input
+    copies = min(MAX_COLD_COPIES, math.ceil(COLD_BYTES / weight_bytes))
+    assert len(ready.rotation) == copies - 1
+    # the data and the output are shared; each copy's weight is a buffer of its own
+    assert all(s[0] is ready.buffers[0] and s[2] is ready.buffers[2] for s in ready.rotation)
+    assert len({id(s[1]) for s in [ready.buffers, *ready.rotation]}) == copies
+    launched: list[int] = []
+    prepare = device.prepare
+
+    def recording(program: Any, kernel: Any, buffers: list[Any]) -> Any:
+        launch = prepare(program, kernel, buffers)
+
+        def run(timed: bool = False) -> Any:
+            launched.append(id(buffers[1]))
+            return launch(timed)
+        return run
+    monkeypatch.setattr(device, "prepare", recording)
+    for _ in range(3):
+        ready.repeat()
+    # 15 launches, each on the next copy, the first on one the check did not warm
+    order = [id(s[1]) for s in [ready.buffers, *ready.rotation]]
+    assert launched == [order[(1 + i) % copies] for i in range(15)]
+    assert max(Counter(launched).values()) == 1
+
+
+def test_a_cold_trial_is_checked_and_timed_as_a_warm_one(device: Device) -> None:
+    cold = measure(device, request(COLD))
+    warm = measure(device, request(COLD.model_copy(update={"enable_cpu_cache_flush": False})))
+    assert cold.ok and warm.ok, (cold.error_msg, warm.error_msg)
+    assert len(cold.costs) == len(warm.costs) == 1  # 3 repeats less the fastest and slowest
+    assert ready_trial(device, request(COLD.model_copy(
+        update={"enable_cpu_cache_flush": False}))).rotation == []
