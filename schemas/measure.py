@@ -56,10 +56,11 @@ class MeasureOptions(BaseModel):
     timeout_s: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False,
                              description="wall time for build + check + timing")
     check_correctness: bool = True
-    # AutoTVM's LocalRunner option of the same name: on a CPU device every timed launch
-    # reads its inputs but the first (the weight) from memory, not from the caches the
-    # launch before left them in, as a layer inside a model does. GPU devices ignore it.
-    enable_cpu_cache_flush: bool = False
+    enable_cpu_cache_flush: bool = Field(
+        False, description="AutoTVM's LocalRunner option: on a CPU device each timed launch "
+        "reads every input but the first (the data: the weight, a fused bias or residual) "
+        "from memory, not from the caches the launch before left them in, as a layer inside "
+        "a model does; GPU devices ignore it")
     rtol: float = Field(1e-4, gt=0, le=1e6, allow_inf_nan=False)
     atol: float = Field(1e-4, ge=0, le=1e6, allow_inf_nan=False)
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from compiler.runtime.device import Device
+from compiler.runtime import measure as measuring
+from compiler.runtime.device import Device, is_cpu
 from compiler.runtime.measure import (
     COLD_BYTES,
     MAX_COLD_COPIES,
@@ -40,16 +43,16 @@ def test_the_option_is_off_unless_asked_and_tune_asks() -> None:
     assert tuner.DEFAULT_MEASURE.enable_cpu_cache_flush is True
 
 
-def test_each_launch_reads_another_copy_of_the_weight(device: Device,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    ready = ready_trial(device, request(COLD))
-    weight_bytes = ready.kernel.buffers[1].nbytes
-    assert len(ready.kernel.buffers) == 3  # data, weight, output: no other input
-    copies = min(MAX_COLD_COPIES, math.ceil(COLD_BYTES / weight_bytes))
-    assert len(ready.rotation) == copies - 1
-    # the data and the output are shared; each copy's weight is a buffer of its own
-    assert all(s[0] is ready.buffers[0] and s[2] is ready.buffers[2] for s in ready.rotation)
-    assert len({id(s[1]) for s in [ready.buffers, *ready.rotation]}) == copies
+@pytest.fixture
+def cpu(device: Device) -> Iterator[Device]:
+    if not is_cpu(device.info):
+        pytest.skip(f"{device.info.name} is not a CPU device: it times warm")
+    yield device
+    device.unload()
+
+
+def recorded(device: Device, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The weight buffer of every launch ``device.time`` makes from now on."""
     launched: list[int] = []
     prepare = device.prepare
 
@@ -61,6 +64,21 @@ def test_each_launch_reads_another_copy_of_the_weight(device: Device,
             return launch(timed)
         return run
     monkeypatch.setattr(device, "prepare", recording)
+    return launched
+
+
+def test_each_launch_reads_another_copy_of_the_weight(cpu: Device,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    device = cpu
+    ready = ready_trial(device, request(COLD))
+    weight_bytes = ready.kernel.buffers[1].nbytes
+    assert len(ready.kernel.buffers) == 3  # data, weight, output: no other input
+    copies = min(MAX_COLD_COPIES, math.ceil(COLD_BYTES / weight_bytes))
+    assert len(ready.rotation) == copies - 1
+    # the data and the output are shared; each copy's weight is a buffer of its own
+    assert all(s[0] is ready.buffers[0] and s[2] is ready.buffers[2] for s in ready.rotation)
+    assert len({id(s[1]) for s in [ready.buffers, *ready.rotation]}) == copies
+    launched = recorded(device, monkeypatch)
     for _ in range(3):
         ready.repeat()
     # 15 launches, each on the next copy, the first on one the check did not warm
@@ -69,10 +87,41 @@ def test_each_launch_reads_another_copy_of_the_weight(device: Device,
     assert max(Counter(launched).values()) == 1
 
 
-def test_a_cold_trial_is_checked_and_timed_as_a_warm_one(device: Device) -> None:
+def test_sizing_and_batches_go_on_round_the_copies(cpu: Device,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch that sizes ``number`` (min_repeat_ms) takes a copy of its own, and a
+    repeat timed in several batches goes on round the copies from batch to batch."""
+    monkeypatch.setattr(measuring, "MAX_TIMED_LAUNCHES", 2)
+    launched = recorded(cpu, monkeypatch)
+    ready = ready_trial(cpu, request(COLD.model_copy(update={"min_repeat_ms": 1e-6})))
+    assert ready.number == 5
+    ready.repeat()
+    order = [id(s[1]) for s in [ready.buffers, *ready.rotation]]
+    assert launched == order[1:7]  # the sizing launch, then 5 launches in 3 batches
+
+
+def test_a_cold_trial_is_checked_and_timed_as_a_warm_one(cpu: Device) -> None:
+    device = cpu
     cold = measure(device, request(COLD))
     warm = measure(device, request(COLD.model_copy(update={"enable_cpu_cache_flush": False})))
     assert cold.ok and warm.ok, (cold.error_msg, warm.error_msg)
     assert len(cold.costs) == len(warm.costs) == 1  # 3 repeats less the fastest and slowest
     assert ready_trial(device, request(COLD.model_copy(
         update={"enable_cpu_cache_flush": False}))).rotation == []
+
+
+def test_a_records_info_says_its_weight_was_cold(cpu: Device, tmp_path: Path) -> None:
+    """A record timed cold says so (``cpu_cache_flush``), so that its cost is not read as a
+    warm one's; one timed warm says nothing."""
+    import tuner
+
+    infos = {}
+    for cold in (True, False):
+        options = COLD.model_copy(update={"enable_cpu_cache_flush": cold})
+        result = tuner.tune(WORKLOAD, "opencl -model=pocl-cpu", n_trial=1, tuner="random",
+                            measure=options, verify_top=0,
+                            database_url=f"sqlite:///{tmp_path / f'{cold}.db'}")
+        assert result.best and result.best[0] is not None
+        infos[cold] = result.best[0].info or {}
+    assert infos[True].get("cpu_cache_flush") is True
+    assert "cpu_cache_flush" not in infos[False]

@@ -182,7 +182,8 @@ def test_a_batchs_verification_trials_go_side_by_side_and_search_trials_alone(
     agent.worker_id = 1
     reported: dict[int, MeasureResult] = {}
 
-    def report(trial_id: int, result: MeasureResult, layout: str | None = None) -> None:
+    def report(trial_id: int, result: MeasureResult, layout: str | None = None,
+               cold: bool = False) -> None:
         reported[trial_id] = result
 
     agent._report = report  # type: ignore[method-assign]

@@ -6,6 +6,7 @@ launch count, and long counts are timed in batches of at most MAX_TIMED_LAUNCHES
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -83,8 +84,9 @@ class Counting(RecordingDevice):
     def min_repeat_ms(self) -> float:
         return self.floor_ms
 
-    def time(self, program: Any, kernel: Any, buffers: list[Any], number: int) -> float:
-        cost = super().time(program, kernel, buffers, number)
+    def time(self, program: Any, kernel: Any, buffers: list[Any], number: int,
+             rotate: Sequence[list[Any]] = ()) -> float:
+        cost = super().time(program, kernel, buffers, number, rotate)
         self.timed.append((number, cost))
         return cost
 

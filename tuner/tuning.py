@@ -27,7 +27,8 @@ from tuner.embedded import (
 # How a trial is timed unless told: what `tuner tune` defaults to as well. Unlike the
 # contract's bare defaults, a repeat lasts at least 50 ms (steadier on a busy CPU), a
 # trial may take a minute (a first build on a cold compiler cache), and a CPU trial reads
-# its weight from memory as the layer does in a model (docs/BENCHMARKS.md, "Cold weights").
+# its weight from memory as the layer does in a model (docs/BENCHMARKS.md, "Trials with
+# cold weights").
 DEFAULT_MEASURE = MeasureOptions.model_validate(
     {"number": 3, "repeat": 3, "min_repeat_ms": 50.0, "timeout_s": 60.0,
      "enable_cpu_cache_flush": True})

@@ -37,6 +37,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from compiler.runtime.device import is_cpu
 from compiler.runtime.isolate import IsolatedMeasurer
 from compiler.runtime.measure import MeasureRequest, timed_layout
 from schemas import Config, MeasureErrorNo, MeasureOptions, MeasureResult, Workload
@@ -371,16 +372,20 @@ class WorkerAgent:
         if self._aborted or self._no_longer_ours(trial_id):
             return
         layout = timed_layout(request) if isinstance(request, MeasureRequest) else None
-        self._report(trial_id, result, layout)
+        cold = (isinstance(request, MeasureRequest) and request.options.enable_cpu_cache_flush
+                and self._measurer.device_info is not None
+                and is_cpu(self._measurer.device_info))
+        self._report(trial_id, result, layout, cold)
         self.measured += 1
         with self._lock:
             if trial_id in self._held:
                 self._held.remove(trial_id)
 
-    def _report(self, trial_id: int, result: MeasureResult, layout: str | None = None
-                ) -> None:
-        """Post one result, with the device's name and the layout the kernel was timed in
-        (``timed_layout``) kept in its record's info. A 4xx or a server that fails on it
+    def _report(self, trial_id: int, result: MeasureResult, layout: str | None = None,
+                cold: bool = False) -> None:
+        """Post one result, with the device's name, the layout the kernel was timed in
+        (``timed_layout``) and whether its weight was cold (``cpu_cache_flush``) kept in
+        its record's info. A 4xx or a server that fails on it
         repeatedly drops it (its lease expires: the server retries or fails the trial),
         but a 401/403, which means this worker's token was revoked, stops the worker
         (raised). Stopping, a server still down after about a lease is given up on: the
@@ -388,6 +393,8 @@ class WorkerAgent:
         info = {"device": self._measurer.device_info.name} if self._measurer.device_info else {}
         if layout is not None:
             info["layout"] = layout
+        if cold:
+            info["cpu_cache_flush"] = True
         worker_id = self._worker()
 
         def post(measured: MeasureResult) -> None:

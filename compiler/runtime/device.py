@@ -251,8 +251,9 @@ class Device(ABC):
         the host finished (its rate was learnt at lower clocks) is learnt from, and the
         timing done once more behind a longer one.
         """
-        # prepared before any hold starts running
-        launches = [self.prepare(program, kernel, b) for b in (buffers, *rotate)]
+        # prepared before any hold starts running; the sets this many launches reach
+        launches = [self.prepare(program, kernel, b)
+                    for b in [buffers, *rotate][:max(1, number)]]
 
         def launch(i: int) -> Any:
             return launches[i % len(launches)](i in (0, number - 1))

@@ -267,18 +267,21 @@ def timed_layout(request: MeasureRequest) -> str | None:
     return "->".join(f"NCHW{b}c" if b else "NCHW" for b in (io.data_block, io.out_block))
 
 
-# Bytes of weight copies a trial with cold weights launches on in turn (a few times a
-# server CPU's last-level cache), and at most this many copies: a small weight's copies
-# stay cached, as it does between two runs of a model.
+# Bytes of input copies a trial with cold weights launches on in turn (4x a 32 MiB
+# last-level cache: each copy is evicted before its next turn), and at most this many
+# copies (a small weight's 128 copies may still fit a cache; its read costs little).
+# A verification group (``measure_group``) holds its members' copies at once.
 COLD_BYTES = 128 << 20
 MAX_COLD_COPIES = 128
 
 
 def cold_operands(device: Device, kernel: Kernel, buffers: list[Any]) -> list[list[Any]]:
-    """Operand sets for ``Device.time``'s ``rotate``: ``buffers`` with every input but
-    the first (the data) replaced by a copy of its own, enough copies that a launch finds
-    its weight in no cache (AutoTVM's ``enable_cpu_cache_flush`` flushes the same
-    arguments; copies need no flush instruction)."""
+    """More operand sets for ``Device.time``'s ``rotate``: ``buffers`` with every input
+    but the first (the data: the weight, and a bias or residual where fused) replaced by
+    a copy of its own, ``COLD_BYTES`` of copies in all, so that a launch does not find
+    them in the cache the launch before left them in (AutoTVM's
+    ``enable_cpu_cache_flush`` flushes the same arguments; copies need no flush
+    instruction)."""
     inputs = range(1, len(kernel.buffers) - 1)
     nbytes = sum(kernel.buffers[i].nbytes for i in inputs)
     if not nbytes:
@@ -354,19 +357,21 @@ def ready_trial(device: Device, request: MeasureRequest,
                 raise TrialFailure(MeasureErrorNo.WRONG_ANSWER, why)
         rotation = (cold_operands(device, kernel, buffers)
                     if opts.enable_cpu_cache_flush and is_cpu(device.info) else [])
+        # the operand set the next launch takes: with copies, none that a launch (the
+        # check, the sizing) has warmed
+        turn = 1 if rotation else 0
         number = opts.number
         floor_ms = max(opts.min_repeat_ms, device.min_repeat_ms)
         if floor_ms > 0:
-            # on a cold copy where there are copies (the check warmed ``buffers``)
-            once = device.time(program, kernel, rotation[0] if rotation else buffers, 1)
+            once = device.time(program, kernel, [buffers, *rotation][turn], 1)
+            turn = 2 % (len(rotation) + 1) if rotation else 0
             number = max(number, math.ceil(floor_ms / 1e3 / max(once, 1e-9)))
     except TrialFailure:
         raise
     except Exception as err:  # noqa: BLE001 - allocation (out of memory), copies, launch
         raise _device_failure(err) from None
-    # the first repeat starts on a copy the check did not warm
     return ReadyTrial(request, device, program, kernel, buffers, number, rotation=rotation,
-                      turn=1 if rotation else 0)
+                      turn=turn)
 
 
 def _result(costs: list[float], seconds: float) -> MeasureResult:
