@@ -14,6 +14,10 @@ random weights so no layer computes constants):
     .venv/bin/python bench/models.py                        # 16 trials per task
     .venv/bin/python bench/models.py --models resnet50 --trials 32
     .venv/bin/python bench/models.py --no-tune              # time what the database holds
+
+``--also LABEL=URL`` (repeatable) builds the model from another tuning database as well
+and times it in the same alternating rounds (two tunings side by side, say warm and cold
+trials); its row's speed-up is over the same untuned build.
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ def main() -> None:
     parser.add_argument("--no-tune", action="store_true")
     parser.add_argument("--database-url", default=f"sqlite:///{BENCH_DB}")
     parser.add_argument("--device", default="opencl:0")
+    parser.add_argument("--also", action="append", default=[], metavar="LABEL=URL",
+                        help="another tuning database whose build is timed alongside")
     parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds")
     parser.add_argument("--number", type=int, default=2, help="runs per timing")
     args = parser.parse_args()
@@ -106,6 +112,9 @@ def main() -> None:
     print(f"device: {dev.info.name} ({dev.info.platform}), target {target}")
     print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; "
           f"database {args.database_url}; {args.trials} trials per task\n")
+    also = [tuple(item.split("=", 1)) for item in args.also]
+    if any(len(pair) != 2 or not all(pair) for pair in also):
+        parser.error("--also: write it LABEL=DATABASE_URL")
     rows = []
     for name in args.models.split(","):
         path = light_path(name)
@@ -121,20 +130,22 @@ def main() -> None:
             untuned = build(model, records=None, device=dev)
         source = tuner.records.database(args.database_url)
         tuned = build(model, records=source, device=dev)
+        modules = {"untuned": untuned, "tuned": tuned}
+        for label, url in also:
+            modules[label] = build(model, records=tuner.records.database(url), device=dev)
         ort_run, ort_seconds = onnxruntime_timer(model, x)
         want = ort_run()
-        for label, module in (("untuned", untuned), ("tuned", tuned)):
+        for label, module in modules.items():
             (got,) = module.run([x])
             np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5,
                                        err_msg=f"{name} {label} differs from onnxruntime")
-        times: dict[str, list[float]] = {"onnxruntime": [], "untuned": [], "tuned": []}
+        times: dict[str, list[float]] = {"onnxruntime": [], **{k: [] for k in modules}}
         for _ in range(args.rounds):
             settle()
             times["onnxruntime"].append(ort_seconds(args.number))
-            settle()
-            times["untuned"].append(untuned.benchmark(number=args.number, repeat=1).mean)
-            settle()
-            times["tuned"].append(tuned.benchmark(number=args.number, repeat=1).mean)
+            for label, module in modules.items():
+                settle()
+                times[label].append(module.benchmark(number=args.number, repeat=1).mean)
         med = {k: statistics.median(v) for k, v in times.items()}
         flops = sum(t.total_flops for t in untuned.tasks)
         served = {s: sum(c.source == s for c in tuned.choices)
@@ -161,6 +172,11 @@ def main() -> None:
               f"{med['untuned'] * 1e3:.1f} | {med['tuned'] * 1e3:.1f} | "
               f"{med['untuned'] / med['tuned']:.2f}x | {med['tuned'] / med['onnxruntime']:.2f}x | "
               f"{tune_s / 60:.0f} min |")
+        for label, _url in also:
+            print(f"| {name} ({label}) | {flops / 1e9:.2f} | {med['onnxruntime'] * 1e3:.1f} | "
+                  f"{med['untuned'] * 1e3:.1f} | {med[label] * 1e3:.1f} | "
+                  f"{med['untuned'] / med[label]:.2f}x | "
+                  f"{med[label] / med['onnxruntime']:.2f}x | - |")
 
 
 if __name__ == "__main__":
