@@ -103,6 +103,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds")
     parser.add_argument("--number", type=int, default=2, help="runs per timing")
     args = parser.parse_args()
+    also = [tuple(item.split("=", 1)) for item in args.also]
+    if any(len(pair) != 2 or not all(pair) for pair in also):
+        parser.error("--also: write it LABEL=DATABASE_URL")
+    labels = [label for label, _url in also]
+    if len(set(labels)) < len(labels) or {"onnxruntime", "untuned", "tuned"} & set(labels):
+        parser.error("--also: each LABEL once, and none of onnxruntime, untuned, tuned")
 
     import onnx
 
@@ -112,9 +118,6 @@ def main() -> None:
     print(f"device: {dev.info.name} ({dev.info.platform}), target {target}")
     print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; "
           f"database {args.database_url}; {args.trials} trials per task\n")
-    also = [tuple(item.split("=", 1)) for item in args.also]
-    if any(len(pair) != 2 or not all(pair) for pair in also):
-        parser.error("--also: write it LABEL=DATABASE_URL")
     rows = []
     for name in args.models.split(","):
         path = light_path(name)

@@ -100,6 +100,30 @@ def test_sizing_and_batches_go_on_round_the_copies(cpu: Device,
     assert launched == order[1:7]  # the sizing launch, then 5 launches in 3 batches
 
 
+@pytest.mark.parametrize("copies", [2, 3])
+def test_few_copies_go_round_and_round(cpu: Device, monkeypatch: pytest.MonkeyPatch,
+                                       copies: int) -> None:
+    """With few copies the launches cycle through them (the original set among them),
+    each after the set used longest ago: the sizing launch after the check's, then on
+    round, across repeats and timing batches."""
+    monkeypatch.setattr(measuring, "MAX_COLD_COPIES", copies)
+    monkeypatch.setattr(measuring, "MAX_TIMED_LAUNCHES", 2)
+    launched = recorded(cpu, monkeypatch)
+    ready = ready_trial(cpu, request(COLD.model_copy(update={"min_repeat_ms": 1e-6})))
+    assert len(ready.rotation) == copies - 1
+    ready.repeat()
+    ready.repeat()
+    order = [id(s[1]) for s in [ready.buffers, *ready.rotation]]
+    assert launched == [order[(1 + i) % copies] for i in range(11)]
+
+
+def test_inputs_past_the_cold_bytes_get_no_copies(cpu: Device,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs of ``COLD_BYTES`` or more stay in no cache: timed on themselves alone."""
+    monkeypatch.setattr(measuring, "COLD_BYTES", 1024)
+    assert ready_trial(cpu, request(COLD)).rotation == []
+
+
 def test_a_cold_trial_is_checked_and_timed_as_a_warm_one(cpu: Device) -> None:
     device = cpu
     cold = measure(device, request(COLD))
@@ -111,8 +135,8 @@ def test_a_cold_trial_is_checked_and_timed_as_a_warm_one(cpu: Device) -> None:
 
 
 def test_a_records_info_says_its_weight_was_cold(cpu: Device, tmp_path: Path) -> None:
-    """A record timed cold says so (``cpu_cache_flush``), so that its cost is not read as a
-    warm one's; one timed warm says nothing."""
+    """A record timed cold says so (``cpu_cache_flush``): what it was timed as stays
+    known; one timed warm says nothing."""
     import tuner
 
     infos = {}

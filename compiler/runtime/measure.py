@@ -278,17 +278,18 @@ MAX_COLD_COPIES = 128
 def cold_operands(device: Device, kernel: Kernel, buffers: list[Any]) -> list[list[Any]]:
     """More operand sets for ``Device.time``'s ``rotate``: ``buffers`` with every input
     but the first (the data: the weight, and a bias or residual where fused) replaced by
-    a copy of its own, ``COLD_BYTES`` of copies in all, so that a launch does not find
-    them in the cache the launch before left them in (AutoTVM's
-    ``enable_cpu_cache_flush`` flushes the same arguments; copies need no flush
-    instruction)."""
+    a copy of its own: ``COLD_BYTES`` of these inputs in all, ``buffers``' own counted
+    (at most ``MAX_COLD_COPIES`` sets), so that a launch does not find them in the cache
+    the launch before left them in (AutoTVM's ``enable_cpu_cache_flush`` flushes the
+    same arguments; copies need no flush instruction). None where the inputs alone are
+    ``COLD_BYTES``: no cache holds them."""
     inputs = range(1, len(kernel.buffers) - 1)
     nbytes = sum(kernel.buffers[i].nbytes for i in inputs)
-    if not nbytes:
+    copies = min(MAX_COLD_COPIES, math.ceil(COLD_BYTES / nbytes)) - 1 if nbytes else 0
+    if copies <= 0:
         return []
     host = {i: device.download(buffers[i], kernel.buffers[i].shape, kernel.buffers[i].dtype)
             for i in inputs}
-    copies = min(MAX_COLD_COPIES, math.ceil(COLD_BYTES / nbytes)) - 1
     return [[device.upload(host[i]) if i in host else b for i, b in enumerate(buffers)]
             for _ in range(copies)]
 
@@ -357,14 +358,15 @@ def ready_trial(device: Device, request: MeasureRequest,
                 raise TrialFailure(MeasureErrorNo.WRONG_ANSWER, why)
         rotation = (cold_operands(device, kernel, buffers)
                     if opts.enable_cpu_cache_flush and is_cpu(device.info) else [])
-        # the operand set the next launch takes: with copies, none that a launch (the
-        # check, the sizing) has warmed
-        turn = 1 if rotation else 0
+        # the operand set the next launch takes: the one the check (on set 0) and the
+        # sizing launch left longest ago
+        sets = len(rotation) + 1
+        turn = 1 % sets
         number = opts.number
         floor_ms = max(opts.min_repeat_ms, device.min_repeat_ms)
         if floor_ms > 0:
             once = device.time(program, kernel, [buffers, *rotation][turn], 1)
-            turn = 2 % (len(rotation) + 1) if rotation else 0
+            turn = 2 % sets
             number = max(number, math.ceil(floor_ms / 1e3 / max(once, 1e-9)))
     except TrialFailure:
         raise
