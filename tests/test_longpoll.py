@@ -265,7 +265,10 @@ def test_push_wakes_a_waiter_at_once(make_servers: Make, queue: str) -> None:
     thread.join(30)
     trials, answered = _result(box)
     assert len(trials) == 1
-    assert woke and answered - woke[0] < 0.3, answered - woke[0]
+    # at once: well under the shared check (60 s) and the deadline (20 s); 2 s, not less,
+    # as the woken thread waits for the pass's commit on a loaded 2-core machine (0.66 s
+    # seen once in a full run)
+    assert woke and answered - woke[0] < 2.0, answered - woke[0]
 
 
 @pytest.mark.parametrize("backend,queue", [("sqlite", "sql"), ("postgresql", "redis")])
