@@ -37,9 +37,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from compiler.runtime.device import is_cpu
 from compiler.runtime.isolate import IsolatedMeasurer
-from compiler.runtime.measure import MeasureRequest, timed_layout
+from compiler.runtime.measure import MeasureRequest, cold_weights, timed_layout
 from schemas import Config, MeasureErrorNo, MeasureOptions, MeasureResult, Workload
 from schemas.api import LeasedTrial, TrialResult, WorkerRegistration
 from schemas.text import first_problem, one_line
@@ -372,9 +371,8 @@ class WorkerAgent:
         if self._aborted or self._no_longer_ours(trial_id):
             return
         layout = timed_layout(request) if isinstance(request, MeasureRequest) else None
-        cold = (isinstance(request, MeasureRequest) and request.options.enable_cpu_cache_flush
-                and self._measurer.device_info is not None
-                and is_cpu(self._measurer.device_info))
+        cold = isinstance(request, MeasureRequest) and cold_weights(
+            request.options, self._measurer.device_info)
         self._report(trial_id, result, layout, cold)
         self.measured += 1
         with self._lock:

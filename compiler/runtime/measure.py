@@ -14,6 +14,7 @@ import numpy as np
 from compiler.runtime.device import (
     BuildError,
     Device,
+    DeviceInfo,
     DeviceRuntimeError,
     LaunchLimitError,
     is_cpu,
@@ -275,6 +276,12 @@ COLD_BYTES = 128 << 20
 MAX_COLD_COPIES = 128
 
 
+def cold_weights(options: MeasureOptions, info: DeviceInfo | None) -> bool:
+    """Whether a trial with ``options`` on the device of ``info`` is timed with cold
+    weights (``enable_cpu_cache_flush`` on a CPU device), as its record's info says."""
+    return options.enable_cpu_cache_flush and info is not None and is_cpu(info)
+
+
 def cold_operands(device: Device, kernel: Kernel, buffers: list[Any]) -> list[list[Any]]:
     """More operand sets for ``Device.time``'s ``rotate``: ``buffers`` with every input
     but the first (the data: the weight, and a bias or residual where fused) replaced by
@@ -315,12 +322,9 @@ class ReadyTrial:
         """Time one repeat (kept in ``costs``, and returned); a device error raises
         :class:`TrialFailure` (error 4)."""
         began = time.time()
-        sets = [self.buffers, *self.rotation]
-        first = self.turn % len(sets)
-        sets = sets[first:] + sets[:first]
         try:
-            self.costs.append(_time(self.device, self.program, self.kernel, sets,
-                                    self.number))
+            self.costs.append(_time(self.device, self.program, self.kernel,
+                                    [self.buffers, *self.rotation], self.number, self.turn))
             self.turn += self.number
             return self.costs[-1]
         except Exception as err:  # noqa: BLE001 - as a failure of this trial
@@ -356,8 +360,8 @@ def ready_trial(device: Device, request: MeasureRequest,
             ok, why = max_abs_error_ok(got, reference(), opts)
             if not ok:
                 raise TrialFailure(MeasureErrorNo.WRONG_ANSWER, why)
-        rotation = (cold_operands(device, kernel, buffers)
-                    if opts.enable_cpu_cache_flush and is_cpu(device.info) else [])
+        rotation = cold_operands(device, kernel, buffers) if cold_weights(opts, device.info) \
+            else []
         # the operand set the next launch takes: the one the check (on set 0) and the
         # sizing launch left longest ago
         sets = len(rotation) + 1
@@ -396,14 +400,14 @@ def _measure(device: Device, request: MeasureRequest,
 
 
 def _time(device: Device, program: Any, kernel: Any, sets: list[list[Any]],
-          number: int) -> float:
-    """Seconds per launch over ``number`` launches on the operand ``sets`` in turn, timed
-    in batches of at most ``MAX_TIMED_LAUNCHES`` (each behind its own hold): device time
-    over launches."""
+          number: int, turn: int = 0) -> float:
+    """Seconds per launch over ``number`` launches on the operand ``sets`` in turn, from
+    set ``turn`` on, timed in batches of at most ``MAX_TIMED_LAUNCHES`` (each behind its
+    own hold): device time over launches."""
     total, left = 0.0, number
     while left:
         batch = min(left, MAX_TIMED_LAUNCHES)
-        at = (number - left) % len(sets)
+        at = (turn + number - left) % len(sets)
         turned = sets[at:] + sets[:at]
         total += device.time(program, kernel, turned[0], batch, turned[1:]) * batch
         left -= batch
