@@ -19,6 +19,7 @@ from compiler.runtime.measure import (
     MAX_COLD_COPIES,
     MeasureRequest,
     measure,
+    measure_group,
     ready_trial,
 )
 from compiler.templates import get_template
@@ -149,3 +150,23 @@ def test_a_records_info_says_its_weight_was_cold(cpu: Device, tmp_path: Path) ->
         infos[cold] = result.best[0].info or {}
     assert infos[True].get("cpu_cache_flush") is True
     assert "cpu_cache_flush" not in infos[False]
+
+
+def test_a_group_shares_its_copies_bytes(cpu: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Members timed side by side hold ``GROUP_COLD_BYTES`` of copies between them, not
+    ``COLD_BYTES`` each (16 members of a batch would hold 2 GiB): here room for two weight
+    sets a member, each launched in turn."""
+    weight_bytes = ready_trial(cpu, request(COLD)).kernel.buffers[1].nbytes
+    members = 3
+    monkeypatch.setattr(measuring, "GROUP_COLD_BYTES", members * 2 * weight_bytes)
+    launched = recorded(cpu, monkeypatch)
+    results = measure_group(cpu, [request(COLD)] * members)
+    assert all(r is not None and r.ok for r in results), results
+    assert len(launched) == members * COLD.number * COLD.repeat
+    weights = Counter(launched)
+    assert len(weights) == members * 2
+    # each member's two sets in turn: every weight launched alike (15 launches: 8 and 7)
+    assert set(weights.values()) == {8, 7}
+    # alone, a trial keeps its COLD_BYTES
+    assert len(ready_trial(cpu, request(COLD)).rotation) == min(
+        MAX_COLD_COPIES, math.ceil(COLD_BYTES / weight_bytes)) - 1

@@ -131,15 +131,21 @@ def measure_group(device: Device, requests: Sequence[MeasureRequest],
     the group's (every member's buffers are alive at once), so each is measured alone,
     where an error is its own. ``on_stage`` hears (member, stage) before each step
     (build, run: the check, then each repeat), a deadline's cue.
+
+    Members with cold weights share ``GROUP_COLD_BYTES`` of copies, ``COLD_BYTES`` each
+    up to 4 members: with more, a member's launches come back to a copy sooner (after 32
+    MiB of its own copies at 16 members, a cache's size here), though across its repeats
+    every other member's launches pass in between.
     """
     stage = on_stage or (lambda _s: None)
+    budget = min(COLD_BYTES, GROUP_COLD_BYTES // max(1, len(requests)))
     results: list[MeasureResult | None] = [None] * len(requests)
     ready: dict[int, ReadyTrial] = {}
     try:
         for i, request in enumerate(requests):
             began = time.time()
             try:
-                ready[i] = ready_trial(device, request, partial(_staged, stage, i))
+                ready[i] = ready_trial(device, request, partial(_staged, stage, i), budget)
             except TrialFailure as err:
                 if err.error_no == MeasureErrorNo.RUNTIME_DEVICE:
                     return results
@@ -271,9 +277,11 @@ def timed_layout(request: MeasureRequest) -> str | None:
 # Bytes of input copies a trial with cold weights launches on in turn (4x a 32 MiB
 # last-level cache: each copy is evicted before its next turn), and at most this many
 # copies (a small weight's 128 copies may still fit a cache; its read costs little).
-# A verification group (``measure_group``) holds its members' copies at once.
 COLD_BYTES = 128 << 20
 MAX_COLD_COPIES = 128
+# A verification group (``measure_group``) holds its members' copies at once: they
+# share this many bytes (a batch's 16 members would hold 2 GiB at COLD_BYTES each).
+GROUP_COLD_BYTES = 4 * COLD_BYTES
 
 
 def cold_weights(options: MeasureOptions, info: DeviceInfo | None) -> bool:
@@ -282,17 +290,19 @@ def cold_weights(options: MeasureOptions, info: DeviceInfo | None) -> bool:
     return options.enable_cpu_cache_flush and info is not None and is_cpu(info)
 
 
-def cold_operands(device: Device, kernel: Kernel, buffers: list[Any]) -> list[list[Any]]:
+def cold_operands(device: Device, kernel: Kernel, buffers: list[Any],
+                  budget: int | None = None) -> list[list[Any]]:
     """More operand sets for ``Device.time``'s ``rotate``: ``buffers`` with every input
     but the first (the data: the weight, and a bias or residual where fused) replaced by
-    a copy of its own: ``COLD_BYTES`` of these inputs in all, ``buffers``' own counted
-    (at most ``MAX_COLD_COPIES`` sets), so that a launch does not find them in the cache
-    the launch before left them in (AutoTVM's ``enable_cpu_cache_flush`` flushes the
-    same arguments; copies need no flush instruction). None where the inputs alone are
-    ``COLD_BYTES``: no cache holds them."""
+    a copy of its own: ``budget`` (default ``COLD_BYTES``) of these inputs in all,
+    ``buffers``' own counted (at most ``MAX_COLD_COPIES`` sets), so that a launch does
+    not find them in the cache the launch before left them in (AutoTVM's
+    ``enable_cpu_cache_flush`` flushes the same arguments; copies need no flush
+    instruction). None where the inputs alone are the budget: no cache holds them."""
+    budget = COLD_BYTES if budget is None else budget
     inputs = range(1, len(kernel.buffers) - 1)
     nbytes = sum(kernel.buffers[i].nbytes for i in inputs)
-    copies = min(MAX_COLD_COPIES, math.ceil(COLD_BYTES / nbytes)) - 1 if nbytes else 0
+    copies = min(MAX_COLD_COPIES, math.ceil(budget / nbytes)) - 1 if nbytes else 0
     if copies <= 0:
         return []
     host = {i: device.download(buffers[i], kernel.buffers[i].shape, kernel.buffers[i].dtype)
@@ -339,10 +349,12 @@ def _device_failure(err: Exception) -> TrialFailure:
 
 
 def ready_trial(device: Device, request: MeasureRequest,
-                stage: Callable[[str], None] = lambda _s: None) -> ReadyTrial:
+                stage: Callable[[str], None] = lambda _s: None,
+                cold_budget: int | None = None) -> ReadyTrial:
     """The trial's kernel built, run once and checked against numpy, and the launches a
     repeat takes (``number``, raised to last ``min_repeat_ms``); raises
-    :class:`TrialFailure`: error 1, 3, 4 or 5 (a wrong answer)."""
+    :class:`TrialFailure`: error 1, 3, 4 or 5 (a wrong answer). ``cold_budget``: the
+    bytes of its cold copies (``cold_operands``)."""
     opts = request.options
     stage("build")
     template, kernel = request_kernel(device, request)
@@ -360,8 +372,8 @@ def ready_trial(device: Device, request: MeasureRequest,
             ok, why = max_abs_error_ok(got, reference(), opts)
             if not ok:
                 raise TrialFailure(MeasureErrorNo.WRONG_ANSWER, why)
-        rotation = cold_operands(device, kernel, buffers) if cold_weights(opts, device.info) \
-            else []
+        rotation = (cold_operands(device, kernel, buffers, cold_budget)
+                    if cold_weights(opts, device.info) else [])
         # the operand set the next launch takes: the one the check (on set 0) and the
         # sizing launch left longest ago
         sets = len(rotation) + 1
