@@ -22,6 +22,15 @@ from schemas.workload import Workload
 
 LOG_VERSION = 0.2
 TVM_VERSION = "0.7.dev0"  # what AutoTVM readers expect to see beside version 0.2
+# A record's info key, true where its trial ran with cold weights (a CPU device's
+# ``MeasureOptions.enable_cpu_cache_flush``): the rule ranks such records apart.
+COLD_INFO = "cpu_cache_flush"
+
+
+def timed_cold(info: Any) -> bool:
+    """Whether a record's ``info`` (a line's, any JSON) says it was timed with cold
+    weights."""
+    return isinstance(info, dict) and info.get(COLD_INFO) is True
 
 
 def _known_target(value: Any) -> Target | None:

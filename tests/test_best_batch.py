@@ -21,6 +21,7 @@ from compiler.records.source import Candidate
 from compiler.templates import ConfigError, get_template, register_template
 from schemas import Config, MeasureErrorNo, MeasureResult, Record, Target, Workload
 from schemas.api import BestResponse
+from schemas.record import COLD_INFO
 from tuner_client.client import _best_items
 from tuner_server.db.models import RecordRow
 from tuner_server.services import records as svc
@@ -44,10 +45,15 @@ def workloads(n: int) -> list[Workload]:
     return [conv(1 + i // len(shapes), *shapes[i % len(shapes)]) for i in range(n)]
 
 
+def cold_info(rng: random.Random) -> dict[str, Any] | None:
+    """A third of the records timed with cold weights: the rule ranks them apart."""
+    return {COLD_INFO: True} if rng.random() < 0.3 else None
+
+
 def fill(session: Session, asked: list[Workload], seed: int = 0) -> None:
     """Records for all but every 7th workload: each on 1-4 devices, some imported, some
-    failed, and some (the cheapest, on purpose) with a config of another workload's
-    space, which the rule must pass over."""
+    failed, some timed cold, and some (the cheapest, on purpose) with a config of another
+    workload's space, which the rule must pass over."""
     rng = random.Random(seed)
     template = get_template(TEMPLATE)
     spaces: dict[str, list[Config]] = {}
@@ -71,7 +77,7 @@ def fill(session: Session, asked: list[Workload], seed: int = 0) -> None:
                     error_no=MeasureErrorNo.RUNTIME_DEVICE if failed else MeasureErrorNo.NO_ERROR,
                     all_cost=0.1, timestamp=1.7e9 + len(measured) + len(imported))
                 record = Record(target=Target.parse(target), workload=w, config=config,
-                                result=result)
+                                result=result, info=cold_info(rng))
                 (imported if rng.random() < 0.3 else measured).append(record)
     svc.add_records(session, measured, source="measured")
     svc.add_records(session, imported, source="imported")
@@ -121,8 +127,8 @@ def test_batch_answers_as_one_at_a_time(sessions: sessionmaker[Session], leading
 
 def fill_deep(session: Session, asked: list[Workload], seed: int = 0) -> None:
     """Many records a workload on every device (as a fleet's long searches leave), the
-    cheapest often another workload's config, and on h200 verification rounds (some
-    failed, some of an alien config): a lookup that reads each group's leaders must
+    cheapest often another workload's config, a third timed cold, and on h200
+    verification rounds (some failed, some of an alien config): a lookup that reads each group's leaders must
     reach past a group's cut to the candidates it did not read."""
     rng = random.Random(seed)
     template = get_template(TEMPLATE)
@@ -134,7 +140,8 @@ def fill_deep(session: Session, asked: list[Workload], seed: int = 0) -> None:
             costs=(1e9,) if cost is None else (cost,),
             error_no=MeasureErrorNo.RUNTIME_DEVICE if cost is None else MeasureErrorNo.NO_ERROR,
             all_cost=0.1, timestamp=1.7e9 + len(rows))
-        record = Record(target=Target.parse(target), workload=w, config=config, result=result)
+        record = Record(target=Target.parse(target), workload=w, config=config, result=result,
+                        info=cold_info(rng))
         rows.append(svc.record_row(record, source, verified))
 
     for i, w in enumerate(asked):

@@ -33,10 +33,12 @@ from schemas import (
     MeasureErrorNo,
     MeasureOptions,
     MeasureResult,
+    Record,
     Target,
     Workload,
 )
 from schemas.api import JobRequest
+from schemas.record import COLD_INFO
 from tuner_server.db.models import JobRow, RecordRow, TaskRow, TrialRow
 from tuner_server.queue.sql import SqlQueue
 from tuner_server.services import dispatch, jobs
@@ -373,8 +375,8 @@ OTHER = Target.parse("opencl -model=other-cpu")
 
 
 def _entry(name: str, cost: float, verifies: int | None = None, error_no: int = 0,
-           target: Target = CPU, measured: bool = True) -> Stored[str]:
-    return Stored(name, target, cost, error_no, measured, verifies)
+           target: Target = CPU, measured: bool = True, cold: bool = False) -> Stored[str]:
+    return Stored(name, target, cost, error_no, measured, verifies, cold)
 
 
 def test_verified_configs_rank_by_median_before_every_unverified_record() -> None:
@@ -408,6 +410,103 @@ def test_ties_of_medians_go_to_the_config_first_stored_and_without_verified_noth
     assert [e.item for e in device_order(entries)] == ["x1", "y1", "s"]
     plain = [_entry("s2", 2e-3), _entry("imp", 1e-3, measured=False), _entry("s1", 1e-3)]
     assert [e.item for e in device_order(plain)] == ["s1", "s2", "imp"]
+
+
+def test_records_timed_cold_rank_before_those_timed_warm() -> None:
+    """A warm cost is too low where the weight is large, so cold and warm records do not
+    compete: the device's cold ones first (verified, measured, imported), then its warm
+    ones in the same order; a config verified both ways is ranked in each by its own
+    rounds; other devices' records keep their cost order."""
+    entries = [
+        _entry("warm search", 1e-3), _entry("cold search", 3e-3, cold=True),
+        _entry("warm import", 1e-4, measured=False),
+        _entry("cold import", 2e-3, measured=False, cold=True),
+        _entry("warm a1", 1.5e-3, 1), _entry("warm a2", 1.4e-3, 1),
+        _entry("cold a1", 4e-3, 1, cold=True), _entry("cold b1", 5e-3, 2, cold=True),
+        _entry("cold search 2", 2.5e-3, cold=True),
+        _entry("elsewhere warm", 1e-5, target=OTHER), _entry("elsewhere cold", 2e-5,
+                                                             target=OTHER, cold=True),
+    ]
+    assert [e.item for e in device_order(entries[:-2])] == [
+        "cold a1", "cold b1", "cold search 2", "cold search", "cold import",
+        "warm a1", "warm search", "warm import"]
+    ranked = rank(entries, CPU)
+    assert [r.item for r in ranked][-2:] == ["elsewhere warm", "elsewhere cold"]
+    # nothing timed cold: the order is the one before
+    warm = [e for e in entries[:-2] if not e.cold]
+    assert [e.item for e in device_order(warm)] == [
+        "warm a1", "warm search", "warm import"]
+
+
+def _stored_record(config_index: int, cost: float, cold: bool) -> Record:
+    space = get_template(DENSE).space(WORKLOAD)
+    return Record(target=CPU, workload=WORKLOAD, config=space.get(config_index),
+                  result=MeasureResult(costs=(cost,), error_no=MeasureErrorNo.NO_ERROR,
+                                       all_cost=0.1, timestamp=1.7e9),
+                  info={COLD_INFO: True} if cold else None)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_records_best_and_the_pretuned_log_take_the_cold_record(backend: str,
+                                                                 tmp_path: Path) -> None:
+    """A job timed cold (``tuner tune``) and one timed warm (the wire's default) on one
+    database: records/best, the pretuned log and a build reading the database all take
+    the cold job's best, though the warm job's records cost less."""
+    cold = _stored_record(1, 2e-3, cold=True)
+    records = [_stored_record(2, 1e-3, cold=False), cold,
+               _stored_record(3, 2.5e-3, cold=True), _stored_record(4, 5e-4, cold=False)]
+    with migrated_sessions(backend, tmp_path) as sessions:
+        with sessions.begin() as session:
+            svc.add_records(session, records)
+            assert sorted(session.scalars(select(RecordRow.cold))) == [False, False, True, True]
+        with sessions() as session:
+            [answer] = svc.best(session, [WORKLOAD], CPU)
+            assert answer.record == cold
+            lines, _etag = svc.pretuned_log(session, CPU)
+            assert [json.loads(line) for line in lines] == [cold.to_json()]
+            stored = svc.stored_of(session, [WORKLOAD])
+        choice = choose_one(WORKLOAD, [Candidate(r, "db", measured, verified)
+                                       for r, measured, verified in stored], CPU, None)
+        assert choice.record == cold
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_upgrade_to_0009_marks_the_records_timed_cold(backend: str, tmp_path: Path) -> None:
+    """Rows stored before the column read their info: a line that says
+    ``cpu_cache_flush`` is cold, any other (no info, other info, false) is not; the
+    downgrade drops the column and keeps the rows."""
+    from tuner_server.db.session import make_engine
+
+    records_t = sa.table("records", *(sa.column(c) for c in (
+        "target", "target_kind", "target_model", "target_keys", "template", "workload_key",
+        "mean_cost", "error_no", "timestamp", "source", "created_at", "line_hash")),
+        sa.column("line", sa.JSON))
+    infos: list[dict[str, Any] | None] = [
+        {COLD_INFO: True, "device": "pocl"}, None, {"device": "pocl"}, {COLD_INFO: False}]
+    with empty_database(backend, tmp_path) as url:
+        _alembic(url, "0008")
+        engine = make_engine(url)
+        try:
+            with engine.begin() as conn:
+                for i, info in enumerate(infos):
+                    line = _stored_record(i, 1e-3, cold=False).to_json()
+                    if info is not None:
+                        line["info"] = info
+                    conn.execute(sa.insert(records_t).values(
+                        target=TARGET, target_kind="opencl", target_model="pocl-cpu",
+                        target_keys=",opencl,cpu,", template=DENSE, workload_key=WORKLOAD.key,
+                        mean_cost=1e-3, error_no=0, timestamp=1.0, source="measured",
+                        created_at=datetime.now(UTC), line_hash=f"{i}" * 64, line=line))
+            _alembic(url, "head")
+            with engine.connect() as conn:
+                assert [bool(c) for c in conn.execute(sa.text(
+                    "SELECT cold FROM records ORDER BY id")).scalars()] == [
+                    True, False, False, False]
+            _alembic(url, "0008", down=True)
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT count(*) FROM records")).scalar() == 4
+        finally:
+            engine.dispose()
 
 
 # --------------------------------------------------------------------------- migration

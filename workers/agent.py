@@ -41,6 +41,7 @@ from compiler.runtime.isolate import IsolatedMeasurer
 from compiler.runtime.measure import MeasureRequest, cold_weights, timed_layout
 from schemas import Config, MeasureErrorNo, MeasureOptions, MeasureResult, Workload
 from schemas.api import LeasedTrial, TrialResult, WorkerRegistration
+from schemas.record import COLD_INFO
 from schemas.text import first_problem, one_line
 from tuner_client import (
     ApiError,
@@ -392,7 +393,7 @@ class WorkerAgent:
         if layout is not None:
             info["layout"] = layout
         if cold:
-            info["cpu_cache_flush"] = True
+            info[COLD_INFO] = True
         worker_id = self._worker()
 
         def post(measured: MeasureResult) -> None:

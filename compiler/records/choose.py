@@ -22,6 +22,7 @@ from compiler.templates.history import (
 )
 from compiler.templates.history import rank as rank_stored
 from schemas import Config, DeviceLimits, Record, Target, Workload
+from schemas.record import timed_cold
 
 DEFAULT = "default"
 SOURCES = (THIS_DEVICE, OTHER_DEVICE, DEFAULT)
@@ -86,7 +87,8 @@ def rank(candidates: Sequence[Candidate], target: Target) -> list[Ranked[Candida
             verified.add(line)
     entries = [Stored(cand, cand.record.target, cost_of(cand.record.result),
                       int(cand.record.result.error_no), line in measured,
-                      cand.record.config.index if line in verified else None)
+                      cand.record.config.index if line in verified else None,
+                      timed_cold(cand.record.info))
                for line, cand in first.items()]
     return rank_stored(entries, target)
 

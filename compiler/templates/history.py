@@ -20,7 +20,12 @@ of an even count the upper median, so a config that failed half its rounds canno
 ties to the first stored; each is tried as its median measurement. The device's other
 records follow as before. A log line carries no such mark (AutoTVM's format has no room
 for one): logs rank all their lines alike, and a log exported with ``--best`` holds
-each workload's verified winner."""
+each workload's verified winner.
+
+A device's records timed with cold weights (a CPU trial's ``cpu_cache_flush`` info: its
+weight read from memory, as a layer in a model reads it) rank before those timed warm,
+each kind in the order above: a warm cost is up to 1.2-1.4x too low where the weight is
+large, so the two do not compare, and the cold one is what a build will see."""
 
 from __future__ import annotations
 
@@ -59,6 +64,7 @@ class Stored(NamedTuple, Generic[T]):
     # the config (its identity: the config index) this record measured again in a
     # task's verification; None: a search trial's or an imported record
     verifies: Hashable | None = None
+    cold: bool = False  # timed with cold weights (its info's ``cpu_cache_flush``)
 
 
 @dataclass(frozen=True)
@@ -136,11 +142,15 @@ def verified_order(entries: Sequence[Stored[T]]) -> list[Stored[T]]:
 
 
 def device_order(entries: Sequence[Stored[T]]) -> list[Stored[T]]:
-    """One device's entries in the order the rule tries them: its verified configs
-    (``verified_order``), then its other usable entries, measurements first, cheapest
-    first (``order``)."""
-    return verified_order(entries) + order([e for e in entries if e.verifies is None],
-                                           measured_first=True)
+    """One device's entries in the order the rule tries them: those timed with cold
+    weights, then the others; of each, its verified configs (``verified_order``), then
+    its other usable entries, measurements first, cheapest first (``order``)."""
+    ordered: list[Stored[T]] = []
+    for cold in (True, False):
+        timed = [e for e in entries if e.cold is cold]
+        ordered += verified_order(timed) + order([e for e in timed if e.verifies is None],
+                                                 measured_first=True)
+    return ordered
 
 
 def rank(entries: Sequence[Stored[T]], target: Target) -> list[Ranked[T]]:

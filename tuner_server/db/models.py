@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -18,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine.default import DefaultExecutionContext
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -79,13 +81,16 @@ class RecordRow(Base):
     # verify_round >= 1); null for search trials and imports. On its device a config's
     # verified measurements, ranked by their median, outrank every unverified record.
     verified_config: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # timed with cold weights (the line's info says ``cpu_cache_flush``): on its device
+    # the rule ranks these before the records timed warm
+    cold: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     __table_args__ = (
         # best lookup: walk one workload's good records cheapest first; on PostgreSQL
         # with what the rule ranks by, so a lookup reads its candidates from the index
         Index("ix_records_best", "workload_key", "error_no", "mean_cost", "id",
               postgresql_include=["target_kind", "target_model", "target_keys", "target",
-                                  "source", "verified_config"]),
+                                  "source", "verified_config", "cold"]),
         # best per (kind, model, workload) (pretuned log, dashboard) from the index alone
         Index("ix_records_groups", "error_no", "target_kind", "target_model", "workload_key",
               "mean_cost", "template"),

@@ -63,6 +63,7 @@ from schemas.api import (
     RecordSummary,
 )
 from schemas.measure import FAILED_COST, check_info, check_measurement
+from schemas.record import timed_cold
 from schemas.target import parsed_target
 from schemas.text import one_line
 from tuner_server.db.models import RecordRow, record_hash
@@ -177,6 +178,7 @@ def row_of(target: Target, workload: Workload, line: dict[str, Any], result: Mea
     return {
         "source": source,
         "verified_config": verified_config,
+        "cold": timed_cold(line.get("info")),
         "target": str(target),
         "target_kind": target.kind,
         "target_model": target.model,
@@ -336,7 +338,8 @@ def insert_or_skip(session: Session, table: Any, index_elements: Sequence[Any] |
 # VALUES had 120), and the rows travel as one string json.dumps writes in C, where an
 # array a column had psycopg quote each element in Python (~11% of a loaded server's
 # CPU, the JSON lines' many quotes each escaped by a regex substitution).
-_TRIAL_COLUMNS = (("source", "TEXT"), ("verified_config", "BIGINT"), ("target", "TEXT"),
+_TRIAL_COLUMNS = (("source", "TEXT"), ("verified_config", "BIGINT"), ("cold", "BOOLEAN"),
+                  ("target", "TEXT"),
                   ("target_kind", "TEXT"), ("target_model", "TEXT"), ("target_keys", "TEXT"),
                   ("template", "TEXT"), ("workload_key", "TEXT"), ("line", "JSON"),
                   ("mean_cost", "FLOAT8"), ("error_no", "INT"), ("timestamp", "FLOAT8"),
@@ -438,14 +441,14 @@ def _stored(rows: Iterable[Any]) -> dict[str, list[Stored[int]]]:
     """Workload key -> its rows as the rule ranks them (``item``: the row id), in
     storage order; rows whose target no longer parses are left out."""
     out: dict[str, list[Stored[int]]] = {}
-    for row_id, key, text, cost, error_no, source, verified in rows:
+    for row_id, key, text, cost, error_no, source, verified, cold in rows:
         target = parsed_target(text)
         if target is not None:
             entries = out.get(key)
             if entries is None:
                 entries = out[key] = []
             entries.append(Stored(row_id, target, cost, error_no, source == "measured",
-                                  verified))
+                                  verified, bool(cold)))
     return out
 
 
@@ -460,7 +463,7 @@ def _workload_of(key: str) -> Workload | None:
 
 
 _STORED = (RecordRow.id, RecordRow.workload_key, RecordRow.target, RecordRow.mean_cost,
-           RecordRow.error_no, RecordRow.source, RecordRow.verified_config)
+           RecordRow.error_no, RecordRow.source, RecordRow.verified_config, RecordRow.cold)
 # What the rule ranks: working records, and every verification record (a failed round
 # counts against its config's median).
 _RANKED = or_(RecordRow.error_no == 0, RecordRow.verified_config.is_not(None))
@@ -697,9 +700,10 @@ def _leaders_query(dialect: Dialect, model: bool, n_keys: int, n_workloads: int,
     """``_few_query``'s candidates cut to each group's first ``leading`` + 1 in the rule's
     order, lines read for those only: a workload of 1,000 records has ~600 candidates,
     of which the rule tries the first. The groups are the runs ``history.rank`` orders
-    by cost: this device's measurements, its imports, each target key's tier (an entry
-    under the first key it shares); this device's verification rows come whole (the
-    rule ranks them by median). ``at`` numbers a row in its group (0: verification)."""
+    by cost: this device's measurements, its imports (in both, those timed cold first),
+    each target key's tier (an entry under the first key it shares); this device's
+    verification rows come whole (the rule ranks them by median). ``at`` numbers a row in
+    its group (0: verification)."""
     among, tiers = _few_clauses(dialect, model, n_keys, n_workloads)
     usable = and_(RecordRow.error_no == 0, RecordRow.mean_cost > 0,
                   RecordRow.mean_cost < FAILED_COST)
@@ -714,9 +718,11 @@ def _leaders_query(dialect: Dialect, model: bool, n_keys: int, n_workloads: int,
     # a row of no group (unusable, not this device's verification) is left out
     found = select(*_STORED, case(*places).label("grp")).where(
         among, _RANKED, or_(*tiers)).subquery()
+    # this device's records timed cold before its warm ones, as ``history.device_order``
+    warm_later = case((and_(found.c.grp < 3, found.c.cold), 0), else_=1)
     at = case((found.c.grp == 0, 0), else_=func.row_number().over(
         partition_by=(found.c.workload_key, found.c.grp),
-        order_by=(found.c.mean_cost, found.c.id)))
+        order_by=(warm_later, found.c.mean_cost, found.c.id)))
     numbered = select(found, at.label("at")).subquery()
     query = (select(*[numbered.c[column.key] for column in _STORED], numbered.c.at,
                     cast(RecordRow.line, Text))
@@ -921,11 +927,12 @@ def _log_winners(session: Session, rows: Iterable[Any]) -> dict[Group, str | Non
     """The winning line of each group that ``rows`` (all of the group's ranked rows, in
     storage order) name, or None where no config may be used."""
     groups: dict[Group, list[Stored[int]]] = {}
-    for row_id, key, text, cost, error_no, source, verified, model in rows:
+    for row_id, key, text, cost, error_no, source, verified, cold, model in rows:
         row_target = parsed_target(text)
         if row_target is not None:
             groups.setdefault((key, model), []).append(
-                Stored(row_id, row_target, cost, error_no, source == "measured", verified))
+                Stored(row_id, row_target, cost, error_no, source == "measured", verified,
+                       bool(cold)))
     ordered = {group: [e.item for e in device_order(entries)]
                for group, entries in groups.items()}
     lines = _Lines(session)
