@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from cli.common import fail, load_config, load_template, load_workload, measure_options
 from compiler.runtime.isolate import IsolatedMeasurer
-from compiler.runtime.measure import MeasureRequest
+from compiler.runtime.measure import MeasureRequest, cold_weights
 from compiler.templates import Epilogue
 from schemas import MeasureInput, Record, Target
+from schemas.record import COLD_INFO
 
 
 def measure(
@@ -48,10 +51,11 @@ def measure(
             info = measurer.device_info
     except RuntimeError as err:
         fail(str(err), code=1)
+    facts: dict[str, Any] = {"device": info.name, "platform": info.platform}
+    if cold_weights(options, info):
+        facts[COLD_INFO] = True
     record = Record.from_measure(
-        MeasureInput(target=info.target, workload=wl, config=cfg), result,
-        info={"device": info.name, "platform": info.platform},
-    )
+        MeasureInput(target=info.target, workload=wl, config=cfg), result, info=facts)
     typer.echo(record.to_line())
     if not result.ok:
         typer.echo(f"error_no {int(result.error_no)} ({result.error_no.name}): "

@@ -59,6 +59,7 @@ from compiler.templates import Epilogue, IOLayout, get_template
 from compiler.templates.base import Kernel, from_blocked, to_blocked
 from compiler.templates.history import problem
 from schemas import DeviceLimits, MeasureOptions, Target
+from schemas.record import timed_cold
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,8 @@ def layer_options(nodes: Sequence[Node], source: RecordSource | None, target: Ta
                   limits: DeviceLimits, top_k: int = DEFAULT_TOP_K) -> list[list[Option]]:
     """Per node, the best record (ApplyHistoryBest's order, configs that decode and fit)
     of each distinct layout among this device's records of its blocked-io candidates,
-    the ``top_k`` cheapest layouts, cheapest first; empty where it has none."""
+    the ``top_k`` cheapest layouts, cheapest first (of the records timed with cold weights
+    only, where a layer has any); empty where it has none."""
     per_node = [[w for w in candidates(node, target) if get_template(w.template).blocked_io]
                 for node in nodes]
     found = source.candidates([w for ws in per_node for w in ws], target) if source else []
@@ -226,7 +228,12 @@ def layer_options(nodes: Sequence[Node], source: RecordSource | None, target: Ta
                        template.out_block(wl, record.config))
                 if key not in layouts:
                     layouts[key] = Option(choice, record.result.mean_cost, key[1], key[2])
-        out.append(sorted(layouts.values(), key=lambda o: o.cost)[:top_k])
+        # costs timed with cold weights and warm ones do not compare (``history``): where
+        # a layer has cold options, its warm ones are left out
+        options = list(layouts.values())
+        cold = [o for o in options
+                if o.choice.record is not None and timed_cold(o.choice.record.info)]
+        out.append(sorted(cold or options, key=lambda o: o.cost)[:top_k])
     return out
 
 

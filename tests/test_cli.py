@@ -13,9 +13,10 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from compiler.records.pretuned import TOPHUB_DIR
+from compiler.runtime.device import Device, is_cpu
 from compiler.templates import get_template
 from schemas import Config, MeasureErrorNo, Record, Workload
-from schemas.record import read_lines
+from schemas.record import COLD_INFO, read_lines
 
 runner = CliRunner()
 TOPHUB = TOPHUB_DIR
@@ -205,6 +206,21 @@ def test_measure_by_index() -> None:
     assert record.config == space.get(index)
     assert record.config.index == index
     assert record.config.knob("tile_k") == (-1, 16)
+
+
+def test_measure_with_cold_weights_says_so_in_the_record(device: Device) -> None:
+    """--cpu-cache-flush on a CPU device: the record's info says ``cpu_cache_flush``, so a
+    build ranks it with the cold records when it is imported; without it, nothing."""
+    args = [["TENSOR", [1, 256], "float32"], ["TENSOR", [16, 256], "float32"], None,
+            "float32"]
+    said = {}
+    for flags in (["--cpu-cache-flush"], []):
+        result = invoke(["measure", "dense_small_batch.gpu", "--workload", json.dumps(args),
+                         "--index", "4", "--number", "1", "--repeat", "1", *flags])
+        assert result.exit_code == 0, result.output
+        record = Record.from_line(result.stdout.strip().splitlines()[0])
+        said[bool(flags)] = (record.info or {}).get(COLD_INFO)
+    assert said == {True: True if is_cpu(device.info) else None, False: None}
 
 
 # --- devices -----------------------------------------------------------------------------

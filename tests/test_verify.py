@@ -453,12 +453,15 @@ def test_records_best_and_the_pretuned_log_take_the_cold_record(backend: str,
     database: records/best, the pretuned log and a build reading the database all take
     the cold job's best, though the warm job's records cost less."""
     cold = _stored_record(1, 2e-3, cold=True)
-    records = [_stored_record(2, 1e-3, cold=False), cold,
+    # three warm records cheaper than every cold one: a lookup that read this device's
+    # first LEADING + 1 by cost alone would never see the cold ones
+    records = [_stored_record(2, 1e-3, cold=False), cold, _stored_record(5, 1.5e-3, cold=False),
                _stored_record(3, 2.5e-3, cold=True), _stored_record(4, 5e-4, cold=False)]
+    assert svc.LEADING + 1 == 3
     with migrated_sessions(backend, tmp_path) as sessions:
         with sessions.begin() as session:
             svc.add_records(session, records)
-            assert sorted(session.scalars(select(RecordRow.cold))) == [False, False, True, True]
+            assert sorted(session.scalars(select(RecordRow.cold))) == [False] * 3 + [True] * 2
         with sessions() as session:
             [answer] = svc.best(session, [WORKLOAD], CPU)
             assert answer.record == cold
@@ -482,7 +485,8 @@ def test_upgrade_to_0009_marks_the_records_timed_cold(backend: str, tmp_path: Pa
         "mean_cost", "error_no", "timestamp", "source", "created_at", "line_hash")),
         sa.column("line", sa.JSON))
     infos: list[dict[str, Any] | None] = [
-        {COLD_INFO: True, "device": "pocl"}, None, {"device": "pocl"}, {COLD_INFO: False}]
+        {COLD_INFO: True, "device": "pocl"}, None, {"device": "pocl"}, {COLD_INFO: False},
+        {COLD_INFO: 1}]  # JSON true only, as ``timed_cold`` reads it
     with empty_database(backend, tmp_path) as url:
         _alembic(url, "0008")
         engine = make_engine(url)
@@ -501,10 +505,10 @@ def test_upgrade_to_0009_marks_the_records_timed_cold(backend: str, tmp_path: Pa
             with engine.connect() as conn:
                 assert [bool(c) for c in conn.execute(sa.text(
                     "SELECT cold FROM records ORDER BY id")).scalars()] == [
-                    True, False, False, False]
+                    True, False, False, False, False]
             _alembic(url, "0008", down=True)
             with engine.connect() as conn:
-                assert conn.execute(sa.text("SELECT count(*) FROM records")).scalar() == 4
+                assert conn.execute(sa.text("SELECT count(*) FROM records")).scalar() == 5
         finally:
             engine.dispose()
 

@@ -298,7 +298,8 @@ def cold_operands(device: Device, kernel: Kernel, buffers: list[Any],
     ``buffers``' own counted (at most ``MAX_COLD_COPIES`` sets), so that a launch does
     not find them in the cache the launch before left them in (AutoTVM's
     ``enable_cpu_cache_flush`` flushes the same arguments; copies need no flush
-    instruction). None where the inputs alone are the budget: no cache holds them."""
+    instruction). None (``[]``) where the inputs alone are the budget: no cache holds
+    them."""
     budget = COLD_BYTES if budget is None else budget
     inputs = range(1, len(kernel.buffers) - 1)
     nbytes = sum(kernel.buffers[i].nbytes for i in inputs)

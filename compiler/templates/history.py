@@ -147,7 +147,7 @@ def device_order(entries: Sequence[Stored[T]]) -> list[Stored[T]]:
     its other usable entries, measurements first, cheapest first (``order``)."""
     ordered: list[Stored[T]] = []
     for cold in (True, False):
-        timed = [e for e in entries if e.cold is cold]
+        timed = [e for e in entries if bool(e.cold) is cold]
         ordered += verified_order(timed) + order([e for e in timed if e.verifies is None],
                                                  measured_first=True)
     return ordered
@@ -155,9 +155,9 @@ def device_order(entries: Sequence[Stored[T]]) -> list[Stored[T]]:
 
 def rank(entries: Sequence[Stored[T]], target: Target) -> list[Ranked[T]]:
     """One workload's entries in the order ApplyHistoryBest tries them: this device
-    (``device_order``: verified configs, then measured, then imported), then each of
-    ``target.keys`` in order; entries that failed or share no key with the target are
-    left out."""
+    (``device_order``: timed cold, then warm; of each verified configs, then measured,
+    then imported), then each of ``target.keys`` in order; entries that failed or share
+    no key with the target are left out."""
     # each distinct target placed once: a batch's entries share a few target objects
     places: dict[int, tuple[bool, tuple[str, ...]]] = {}
     here: list[Stored[T]] = []

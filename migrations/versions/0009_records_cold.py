@@ -7,7 +7,8 @@ both kinds compete for one workload where jobs with and without
 ``enable_cpu_cache_flush`` share a database. The rule ranks a device's cold records
 before its warm ones (``compiler.templates.history``), so the lookup needs the flag
 beside the cost: a column, filled in from the lines stored before, and (PostgreSQL) one
-more INCLUDE column of ``ix_records_best`` so a lookup still ranks from the index alone.
+more INCLUDE column of ``ix_records_best`` so a lookup still ranks from the index alone
+(rebuilt: the table is locked while it builds).
 
 Revision ID: 0009
 Revises: 0008
@@ -33,9 +34,10 @@ def upgrade() -> None:
     with op.batch_alter_table("records") as batch:
         batch.add_column(sa.Column("cold", sa.Boolean, nullable=False,
                                    server_default=sa.false()))
-    # the lines' info as the worker writes it ({"cpu_cache_flush": true})
+    # the lines' info as the worker writes it ({"cpu_cache_flush": true}): JSON true
+    # only (``schemas.record.timed_cold``), not 1; on PostgreSQL one pass over the table
     flag = ("(line::jsonb -> 'info' -> 'cpu_cache_flush') = 'true'::jsonb" if postgres
-            else "json_extract(line, '$.info.cpu_cache_flush') IS 1")
+            else "json_type(line, '$.info.cpu_cache_flush') = 'true'")
     op.execute(f"UPDATE records SET cold = TRUE WHERE {flag}")
     if postgres:
         op.drop_index("ix_records_best", "records")

@@ -807,8 +807,9 @@ def _run(session: Session, compiled: Compiled, params: dict[str, Any], prepare: 
 def best(session: Session, workloads: Sequence[Workload], target: Target,
          limits: DeviceLimits | None = None) -> list[BestAnswer]:
     """The one ApplyHistoryBest rule (``compiler.templates.history``) over the stored
-    records: this device (same kind and model; verified configs by their median, then the
-    fleet's measurements, then imports), then each of the target's keys in order;
+    records: this device (same kind and model; records timed cold before warm ones, of
+    each verified configs by their median, then the fleet's measurements, then imports),
+    then each of the target's keys in order;
     cheapest first, ties to the first stored; only configs that decode in the template's
     space (and fit ``limits`` when known).
 
@@ -880,8 +881,9 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
 
 
 # The dashboard's search: one best record per (target kind, device model, workload),
-# ranked in SQL as the rule orders a device's records (``history.order``: this fleet's
-# measurements first, then the cheapest, then the first stored) so that a page of
+# ranked in SQL as the rule orders a device's unverified records (``history.order``: this
+# fleet's measurements first, then the cheapest, then the first stored; neither
+# verification medians nor cold-first ranking, which the build's rule adds) so that a page of
 # thousands of groups is read from the index; unlike the pretuned log it does not decode
 # configs, so it may show a record outside the template's space.
 # ``ix_records_groups`` holds every column the grouping reads, so the cheapest of each
@@ -1011,8 +1013,9 @@ def pretuned_log(session: Session, target: Target) -> tuple[list[str], str]:
     lines, plus an ETag that changes whenever the answer does.
 
     Each group's winner is the rule's this-device choice (``history.device_order`` then
-    ``history.pick``, limits unknown): verified configs by their median first, then
-    measured, then cheapest, then first stored, and only a config that decodes in the
+    ``history.pick``, limits unknown): records timed cold before warm ones, of each
+    verified configs by their median first, then measured, then cheapest, then first
+    stored, and only a config that decodes in the
     template's space; a verified winner's line is its median measurement. A line is sent
     as stored (every stored line is ``Record.to_line()``), not re-serialised.
 
