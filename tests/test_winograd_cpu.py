@@ -42,6 +42,7 @@ from compiler.templates import (
     WorkloadError,
     get_template,
 )
+from compiler.templates import conv2d_nchwc_winograd as winograd_cpu
 from compiler.templates.conv2d_nchwc_winograd import tile_m, winograd_op
 from compiler.templates.conv2d_winograd import pack_filter
 from schemas import (
@@ -246,6 +247,26 @@ def test_large_transformed_weights_prefetch_the_next_groups_slice() -> None:
     assert "PREFETCH(wf" not in TEMPLATE.codegen(wl, config(wl, oc_bn=256, vec=16)).source
 
 
+def input_transform(source: str) -> str:
+    return source.split("wino_cpu_input_transform(")[1].split("KERNEL")[0]
+
+
+def test_a_large_v_is_streamed_by_whole_cache_lines() -> None:
+    """V of ``STREAM_V_BYTES`` or more is written with non-temporal stores, 16 lanes (a
+    cache line) each: VGG's 224x224 layer at the 16-lane default; not its 28x28 one (V
+    3.6 MB, read from the caches), nor 8-lane input vectors (half a line a store)."""
+    vgg224, vgg28 = workload(1, 64, 224, 224, 64), workload(1, 512, 28, 28, 512)
+    lanes16 = DeviceLimits(simd_lanes=16)
+    big = TEMPLATE.codegen(vgg224, TEMPLATE.default_config(vgg224, lanes16)).source
+    assert input_transform(big).count("VSTREAM(16, ") == 36  # every point of F(4x4)
+    assert "VSTORE(" not in input_transform(big) and "VSTREAM" not in big.split(
+        "wino_cpu_input_transform(")[0].split("#endif")[-1]
+    small = TEMPLATE.codegen(vgg28, TEMPLATE.default_config(vgg28, lanes16)).source
+    assert "VSTREAM(" not in input_transform(small)
+    half = TEMPLATE.codegen(vgg224, config(vgg224, vec=8)).source
+    assert "VSTREAM(" not in input_transform(half)
+
+
 # ---- on the OpenCL device ----
 
 # (workload, knobs, epilogue, layout): both tile sizes; padding 1 and 0; odd and
@@ -319,6 +340,25 @@ def test_resnet50_3x3_layers_at_f4x4_and_f6x6_are_within_the_measurers_tolerance
     for req in resnet_requests(m):
         res = measure(device, req)
         assert res.ok, f"F({m}) {req.workload.args[0]}: {res.error_no.name} {res.error_msg}"
+
+
+STREAMED_WL = workload(1, 32, 14, 10, 32)  # 16-lane input vectors: V streamed at any size
+STREAMED = dict(oc_bn=32, vec=16, tile_p=3)
+
+
+@pytest.mark.parametrize("io", [IOLayout(), IOLayout(16, 32, 32)])
+def test_streamed_kernel_matches_numpy(device: Device, monkeypatch: pytest.MonkeyPatch,
+                                       io: IOLayout) -> None:
+    """V written with non-temporal stores (here at any size), from plain NCHW (gathered
+    lanes) and blocked data."""
+    monkeypatch.setattr(winograd_cpu, "STREAM_V_BYTES", 0)
+    wl = STREAMED_WL
+    cfg = config(wl, **STREAMED)
+    assert "VSTREAM(16, " in input_transform(TEMPLATE.codegen(wl, cfg, "opencl", FULL,
+                                                              io).source)
+    got, want = run_blocked(device, TEMPLATE, wl, cfg, FULL, io)
+    ok, why = max_abs_error_ok(got, want, CHECK)
+    assert ok, why
 
 
 def test_prefetching_kernel_matches_numpy(device: Device) -> None:
@@ -395,15 +435,20 @@ def test_build_takes_winograd_where_it_measured_faster_and_chains_blocked_layout
 # ---- CUDA: the same kernel body compiles with nvcc ----
 
 @needs_nvcc
-def test_cuda_sources_compile_with_nvcc(tmp_path: Path) -> None:
+def test_cuda_sources_compile_with_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                       ) -> None:
+    """Every case's CUDA source, the 16-lane ones with V streamed (VSTREAM)."""
+    monkeypatch.setattr(winograd_cpu, "STREAM_V_BYTES", 0)
     entries = ("wino_cpu_input_transform", "wino_cpu_batched_gemm", "wino_cpu_output_transform")
     sources = []
     prefetching = (PREFETCH_WL, {}, FULL, IOLayout(16, 16, 16))  # the 8-lane default
-    for wl, knobs, epilogue, io in [*CASES, prefetching]:
+    streamed = (STREAMED_WL, STREAMED, FULL, IOLayout(16, 32, 32))
+    for wl, knobs, epilogue, io in [*CASES, prefetching, streamed]:
         src = TEMPLATE.codegen(wl, config(wl, **knobs), "cuda", epilogue, io).source
         for entry in entries:
             src = src.replace(entry, f"{entry}_{len(sources)}")
         sources.append(src)
+    assert any("VSTREAM(16, " in src for src in sources)
     path = tmp_path / "winograd_cpu.cu"
     path.write_text("\n".join(sources))
     proc = nvcc_ptx(path)

@@ -13,7 +13,8 @@ on 3x3 stride-1 layers this is where a CPU kernel can beat it. Three launches
   channels) walks the row's tiles; each tile's alpha x alpha patch is loaded as
   ``cv``-channel vectors (a vector load from NCHW[db]c data, a gather from NCHW),
   transformed with adds only (V = B^T d B, on vectors) and stored to the scratch
-  V [alpha^2][P][C] (P = N * nH * nW tiles), channels contiguous. Tiles whose patch
+  V [alpha^2][P][C] (P = N * nH * nW tiles), channels contiguous (a large V with
+  non-temporal stores: ``_Source.streams_v``). Tiles whose patch
   lies inside the image load without checks; border tiles mask each row and column;
 - batched GEMM (tuned): one work-item per (oc block, transformed point b) walks every
   block of ``tile_p`` tiles, so its U slice (C * oc_bn floats) stays in cache across
@@ -98,6 +99,9 @@ WG_CANDIDATES = (1, 2, 4)  # each divides alpha^2 (16, 36 and 64)
 AVX512_MAX_OC_BN = 64  # 4 zmm of weights per channel step
 SMALL_TILE_TILES = 16  # F(4x4) tiles of a 14x14 (or smaller) image
 SMALL_TILE_WEIGHTS = 128 * 128  # C * K: U at F(4x4) 2.4 MB, past a core's 2 MiB L2
+# V's bytes from which the input transform streams it (``_Source.streams_v``)
+STREAM_V_BYTES = 8 << 20
+STREAM_LANES = 16  # a store of 16 floats writes a whole 64-byte cache line
 ENTRY_INPUT = "wino_cpu_input_transform"
 ENTRY_GEMM = "wino_cpu_batched_gemm"
 ENTRY_OUTPUT = "wino_cpu_output_transform"
@@ -398,9 +402,23 @@ class _Source:
         return f"({ptr})[0]" if lanes == 1 else f"VLOAD({lanes}, 0, {ptr})"
 
     @staticmethod
-    def vstore(lanes: int, value: str, ptr: str) -> str:
-        return (f"({ptr})[0] = {value};" if lanes == 1
-                else f"VSTORE({lanes}, {value}, 0, {ptr});")
+    def vstore(lanes: int, value: str, ptr: str, stream: bool = False) -> str:
+        if lanes == 1:
+            return f"({ptr})[0] = {value};"
+        return f"{'VSTREAM' if stream else 'VSTORE'}({lanes}, {value}, 0, {ptr});"
+
+    def streams_v(self) -> bool:
+        """Whether the input transform writes V with non-temporal stores (``VSTREAM``):
+        where V is ``STREAM_V_BYTES`` or more it has left the caches when the GEMM reads
+        it, and a plain store first reads each line it writes. Only with 16-lane
+        stores: each then writes a whole cache line (a lane group's channels are
+        contiguous, c0 a multiple of them, so the line is aligned), where a narrower
+        lane group leaves the rest of the line to other work-items. The default
+        F(4x4) kernel on the Zen 4 VM: VGG's 64x224x224 3x3 layer 0.75-0.78x the time,
+        128x112x112 0.90-0.92x, 256x56x56 (V 7.2 MB) 0.96-1.00x, 512x28x28 1.07x
+        (docs/BENCHMARKS.md, "Winograd's V streamed")."""
+        p = self.p
+        return self.cv == STREAM_LANES and 4 * p.a2 * p.tiles * self.op.c >= STREAM_V_BYTES
 
     @staticmethod
     def vbcast(lanes: int, x: str) -> str:
@@ -450,11 +468,12 @@ class _Source:
                  f"x0 + {alpha - 1} < {op.w}) {{", *indent(inside), "} else {",
                  *indent(border), "}"]
         body += _transform_2d(b_mat.T, "d", "vt", "v", vt)
+        stream = self.streams_v()
         for i in range(alpha):
             for j in range(alpha):
                 b = i * alpha + j
                 body.append(self.vstore(cv, f"v{i}_{j}",
-                                        f"dst + {b * p.tiles * op.c} + tw * {op.c}"))
+                                        f"dst + {b * p.tiles * op.c} + tw * {op.c}", stream))
         lines += [f"  for (int tw = 0; tw < {p.n_w}; ++tw) {{", *indent(indent(body)), "  }"]
         lines.append("}")
         return lines
