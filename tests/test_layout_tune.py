@@ -50,6 +50,7 @@ from compiler.tasks import CONV_CPU, candidates
 from compiler.templates import Epilogue, IOLayout, Kernel, get_template
 from compiler.runtime.executor import GraphExecutor
 from schemas import MeasureErrorNo, MeasureResult, Record, Workload
+from schemas.record import COLD_INFO
 
 WL = Workload(template="conv2d_NCHWc.x86", args=[])  # the pure tests never read it
 
@@ -341,6 +342,24 @@ def chain_options(device: Device) -> list[tuple[Option, Epilogue]]:
     nodes = [n for n in graph.nodes if n in plan]
     options = layer_options(nodes, source, device.target, device.limits)
     return [(opts[0], node_epilogue(node)) for node, opts in zip(nodes, options) if opts]
+
+
+def test_a_layers_options_timed_cold_leave_out_its_warm_ones(device: Device) -> None:
+    """Costs timed with cold weights and warm ones do not compare: where a layer has a
+    cold record, its options are its cold layouts alone, though a warm one is cheaper."""
+    graph = chain_graph()
+    plan, _tasks, _choices = select_layers(graph, device.target, None, device.limits)
+    nodes = [n for n in graph.nodes if n in plan]
+    records = layout_record_list(graph, device)
+    # the 16-wide record of the first layer timed cold and slower than its 8-wide one
+    first = records[1].model_copy(update={
+        "info": {COLD_INFO: True},
+        "result": records[1].result.model_copy(update={"costs": (2e-3,)})})
+    assert first.workload == records[0].workload and first.config != records[0].config
+    options = layer_options(nodes, MemorySource([records[0], first, *records[2:]]),
+                            device.target, device.limits)
+    assert [(o.in_block, o.cost) for o in options[0]] == [(16, 2e-3)]
+    assert [len(o) for o in options[1:]] == [2] * (len(options) - 1)  # warm alike: both
 
 
 def other_block(option: Option) -> int:
