@@ -38,6 +38,7 @@ from compiler.runtime.measure import (
     task_operands,
 )
 from compiler.templates import get_template
+from compiler.templates.base import AVX512_LANES, simd_lanes
 from schemas import MeasureOptions, Workload
 
 NAME = "conv2d_NCHWc_winograd.x86"
@@ -66,7 +67,7 @@ def both_ways(make: Any) -> dict[str, Any]:
 
 def layers(device: Any, rounds: int) -> None:
     template = get_template(NAME)
-    print("| layer (C x H -> K) | V MB | streamed | plain ms | streamed ms | streamed / plain |")
+    print("| layer (C x H -> K) | V MiB | streamed | plain ms | streamed ms | streamed / plain |")
     print("|---|---:|---|---:|---:|---:|")
     for c, hw, k in LAYERS:
         wl = workload(c, hw, k)
@@ -89,7 +90,7 @@ def layers(device: Any, rounds: int) -> None:
                 times[label].append(device.time(programs[label], kernels[label], buffers, 10))
         ms = {label: statistics.median(t) * 1e3 for label, t in times.items()}
         v_bytes = kernels["plain"].scratch[0].nbytes
-        print(f"| {c} x {hw} -> {k} | {v_bytes / 1e6:.1f} | "
+        print(f"| {c} x {hw} -> {k} | {v_bytes / 2**20:.1f} | "
               f"{'yes' if STREAMED in kernels['streamed'].source else 'no (same kernel)'} | "
               f"{ms['plain']:.3f} | {ms['streamed']:.3f} | {ms['streamed'] / ms['plain']:.3f} |",
               flush=True)
@@ -141,6 +142,9 @@ def main() -> None:
     device = open_device(args.device)
     print(f"device: {device.info.name}; V streamed from "
           f"{winograd.STREAM_V_BYTES / 2**20:g} MiB\n")
+    if simd_lanes(device.limits) < AVX512_LANES:
+        print(f"note: this device's defaults use fewer than {AVX512_LANES} lanes, so no "
+              "default kernel streams: every row compares a kernel with itself (the noise)\n")
     layers(device, args.rounds)
     models(device, [m for m in args.models.split(",") if m], args.rounds, args.profiles)
 

@@ -259,8 +259,7 @@ def test_a_large_v_is_streamed_by_whole_cache_lines() -> None:
     lanes16 = DeviceLimits(simd_lanes=16)
     big = TEMPLATE.codegen(vgg224, TEMPLATE.default_config(vgg224, lanes16)).source
     assert input_transform(big).count("VSTREAM(16, ") == 36  # every point of F(4x4)
-    assert "VSTORE(" not in input_transform(big) and "VSTREAM" not in big.split(
-        "wino_cpu_input_transform(")[0].split("#endif")[-1]
+    assert "VSTORE(" not in input_transform(big)
     small = TEMPLATE.codegen(vgg28, TEMPLATE.default_config(vgg28, lanes16)).source
     assert "VSTREAM(" not in input_transform(small)
     half = TEMPLATE.codegen(vgg224, config(vgg224, vec=8)).source
@@ -344,21 +343,44 @@ def test_resnet50_3x3_layers_at_f4x4_and_f6x6_are_within_the_measurers_tolerance
 
 STREAMED_WL = workload(1, 32, 14, 10, 32)  # 16-lane input vectors: V streamed at any size
 STREAMED = dict(oc_bn=32, vec=16, tile_p=3)
+# (images, channels, tile size, data block): two images, a data block of 32 that a lane
+# group's c0 does not start, every tile size, plain NCHW (gathered lanes)
+STREAM_CASES = [(1, 32, 4, 16), (2, 48, 2, 0), (2, 32, 6, 32), (1, 64, 4, 32)]
 
 
-@pytest.mark.parametrize("io", [IOLayout(), IOLayout(16, 32, 32)])
-def test_streamed_kernel_matches_numpy(device: Device, monkeypatch: pytest.MonkeyPatch,
-                                       io: IOLayout) -> None:
-    """V written with non-temporal stores (here at any size), from plain NCHW (gathered
-    lanes) and blocked data."""
+def test_every_streamed_store_is_aligned_to_a_cache_line(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A VSTREAM casts to a 16-float vector pointer: every offset from V's base (whose
+    allocation is aligned) is a multiple of 16 floats, for every case below."""
     monkeypatch.setattr(winograd_cpu, "STREAM_V_BYTES", 0)
-    wl = STREAMED_WL
-    cfg = config(wl, **STREAMED)
+    for n, c, m, db in STREAM_CASES:
+        wl = workload(n, c, 9, 11, 32)
+        src = input_transform(TEMPLATE.codegen(
+            wl, config(wl, tile_size=m, **STREAMED), "opencl", Epilogue(),
+            IOLayout(db, 32)).source)
+        base = re.search(r"GLOBAL float\* dst = V \+ r \* (\d+) \+ c0;", src)
+        assert base is not None and int(base.group(1)) % 16 == 0, src
+        assert re.search(r"const int c0 = cg \* 16;", src)
+        stores = re.findall(r"VSTREAM\(16, v\d+_\d+, 0, dst \+ (\d+) \+ tw \* (\d+)\)", src)
+        assert len(stores) == (m + 2) ** 2, (n, c, m, db)
+        assert all(int(a) % 16 == 0 and int(b) % 16 == 0 for a, b in stores)
+
+
+@pytest.mark.parametrize("case", STREAM_CASES)
+def test_streamed_kernel_matches_numpy(device: Device, monkeypatch: pytest.MonkeyPatch,
+                                       case: tuple[int, int, int, int]) -> None:
+    """V written with non-temporal stores (here at any size): one and two images, every
+    tile size, plain NCHW (gathered lanes) and blocked data."""
+    monkeypatch.setattr(winograd_cpu, "STREAM_V_BYTES", 0)
+    n, c, m, db = case
+    wl = workload(n, c, 9, 11, 32)
+    cfg = config(wl, tile_size=m, **STREAMED)
+    io = IOLayout(db, 32, 32)
     assert "VSTREAM(16, " in input_transform(TEMPLATE.codegen(wl, cfg, "opencl", FULL,
                                                               io).source)
     got, want = run_blocked(device, TEMPLATE, wl, cfg, FULL, io)
     ok, why = max_abs_error_ok(got, want, CHECK)
-    assert ok, why
+    assert ok, f"{case}: {why}"
 
 
 def test_prefetching_kernel_matches_numpy(device: Device) -> None:

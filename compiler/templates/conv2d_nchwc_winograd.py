@@ -415,8 +415,9 @@ class _Source:
         contiguous, c0 a multiple of them, so the line is aligned), where a narrower
         lane group leaves the rest of the line to other work-items. The default
         F(4x4) kernel on the Zen 4 VM: VGG's 64x224x224 3x3 layer 0.75-0.78x the time,
-        128x112x112 0.90-0.92x, 256x56x56 (V 7.2 MB) 0.96-1.00x, 512x28x28 1.07x
-        (docs/BENCHMARKS.md, "Winograd's V streamed")."""
+        128x112x112 0.90-0.95x, 256x56x56 (V 7.2 MB) 0.96-1.00x; below, a V the GEMM
+        finds in the caches: 256x14x14 (0.8 MB) 1.24-1.28x, 512x28x28 (3.6 MB) ~1.07x,
+        within the noise (docs/BENCHMARKS.md, "Winograd's V streamed")."""
         p = self.p
         return self.cv == STREAM_LANES and 4 * p.a2 * p.tiles * self.op.c >= STREAM_V_BYTES
 

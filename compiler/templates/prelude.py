@@ -4,7 +4,8 @@ A template writes its kernel once against these names; the prelude of the chosen
 dialect maps them onto the language, so the same body runs under pycuda/NVRTC and
 pyopencl alike. CPU-class templates also use short-float-vector macros (VEC_T, VBCAST,
 VLOAD, VSTORE, VFMA, VADD, VMAX, VELEM): OpenCL's floatN built-ins, a small struct
-template in CUDA; VSTREAM, a store that skips the caches where the compiler can. Quantized kernels use INT8_T (a signed byte) and DP4A(a, b, c), the
+template in CUDA; VSTREAM, a store that skips the caches where the compiler can.
+Quantized kernels use INT8_T (a signed byte) and DP4A(a, b, c), the
 4-lane int8 dot product with int32 accumulation: CUDA's ``__dp4a`` on sm_61 and later,
 AMD's ``v_dot4`` (``__builtin_amdgcn_sdot4``) where the ROCm device has it, sign-extended
 byte arithmetic elsewhere.
@@ -53,7 +54,9 @@ typedef float tuner_float16u __attribute__((ext_vector_type(16), aligned(4)));
 #define VSTORE(n, x, i, p) (*(GLOBAL tuner_float##n##u*)((p) + (i) * (n)) = (x))
 // VSTREAM(n, x, i, p): VSTORE for data that will leave the caches before it is read (a
 // non-temporal store: on x86 no read for ownership of the line); p + i*n must be aligned
-// to n floats. A plain VSTORE in other compilers and in CUDA.
+// to n floats. No fence follows: a later kernel reads the data after the launch ends,
+// and the driver's completion synchronisation (locked instructions on x86) drains the
+// write-combining buffers. A plain VSTORE in other compilers and in CUDA.
 #define VSTREAM(n, x, i, p) __builtin_nontemporal_store((x), (GLOBAL float##n*)((p) + (i) * (n)))
 #else
 #define VLOAD(n, i, p) vload##n((i), (p))
