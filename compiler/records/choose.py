@@ -73,9 +73,9 @@ class Choice:
 def rank(candidates: Sequence[Candidate], target: Target) -> list[Ranked[Candidate]]:
     """Candidates in the order ApplyHistoryBest tries them (``history.rank``: on this
     device the records timed cold first, of each kind verified configs by their median,
-    then the fleet's measurements); a record
-    offered twice (server answer and pretuned log) counts once, where first offered, as
-    measured (verified) if either offer is. Verified records group by config index."""
+    then the fleet's measurements); a record offered twice (server answer and pretuned
+    log) counts once, where first offered, as measured (verified) if either offer is.
+    Verified records group by config index."""
     first: dict[str, Candidate] = {}
     measured: set[str] = set()
     verified: set[str] = set()

@@ -707,7 +707,8 @@ def _leaders_query(dialect: Dialect, model: bool, n_keys: int, n_workloads: int,
     among, tiers = _few_clauses(dialect, model, n_keys, n_workloads)
     usable = and_(RecordRow.error_no == 0, RecordRow.mean_cost > 0,
                   RecordRow.mean_cost < FAILED_COST)
-    places = [(and_(usable, tier), 3 + i)
+    elsewhere = 3  # the first other-device group: 0-2 are this device's
+    places = [(and_(usable, tier), elsewhere + i)
               for i, tier in enumerate(tiers[1:] if model else tiers)]
     if model:  # the columns as they are: no index to keep the planner off here
         here = and_(RecordRow.target_kind == bindparam("kind"),
@@ -719,7 +720,7 @@ def _leaders_query(dialect: Dialect, model: bool, n_keys: int, n_workloads: int,
     found = select(*_STORED, case(*places).label("grp")).where(
         among, _RANKED, or_(*tiers)).subquery()
     # this device's records timed cold before its warm ones, as ``history.device_order``
-    warm_later = case((and_(found.c.grp < 3, found.c.cold), 0), else_=1)
+    warm_later = case((and_(found.c.grp < elsewhere, found.c.cold), 0), else_=1)
     at = case((found.c.grp == 0, 0), else_=func.row_number().over(
         partition_by=(found.c.workload_key, found.c.grp),
         order_by=(warm_later, found.c.mean_cost, found.c.id)))
