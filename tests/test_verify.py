@@ -140,8 +140,9 @@ def test_a_task_ends_by_verifying_its_best_configs_and_the_default_interleaved(
     other than the default, then the default, leased in that interleaved order turned by
     one a round (c1, c2, c3, d, then c2, c3, d, c1) with twice the repeats; a config failing a round makes one round more (VERIFY_ROUNDS in
     all); they count in no counter, the job runs until they are in, and then the
-    config whose verified median is lowest wins records/best, the pretuned log and a
-    build reading the database, although its search record was not the cheapest."""
+    config whose verified median is lowest wins records/best, the pretuned log, the
+    dashboard's search and a build reading the database, although its search record was
+    not the cheapest."""
     state = SearchState()
     worker = _worker(sessions)
     with sessions.begin() as session:
@@ -202,6 +203,8 @@ def test_a_task_ends_by_verifying_its_best_configs_and_the_default_interleaved(
         assert answer.record.result.mean_cost == pytest.approx(2.0e-3)  # its median
         lines, _etag = svc.pretuned_log(session, Target.parse(TARGET))
         assert [json.loads(line)["config"]["index"] for line in lines] == [top[1]]
+        _total, [shown] = svc.search(session, Target.parse(TARGET))  # the dashboard's best
+        assert (shown.config["index"], shown.cost) == (top[1], pytest.approx(2.0e-3))
         candidates = [Candidate(r, "db", measured, verified)
                       for r, measured, verified in svc.stored_of(session, [WORKLOAD])]
     choice = choose_one(WORKLOAD, candidates, Target.parse(TARGET), DeviceLimits())
@@ -450,8 +453,8 @@ def _stored_record(config_index: int, cost: float, cold: bool) -> Record:
 def test_records_best_and_the_pretuned_log_take_the_cold_record(backend: str,
                                                                  tmp_path: Path) -> None:
     """A job timed cold (``tuner tune``) and one timed warm (the wire's default) on one
-    database: records/best, the pretuned log and a build reading the database all take
-    the cold job's best, though the warm job's records cost less."""
+    database: records/best, the pretuned log, the dashboard's search and a build reading
+    the database all take the cold job's best, though the warm job's records cost less."""
     cold = _stored_record(1, 2e-3, cold=True)
     # three warm records cheaper than every cold one: a lookup that read this device's
     # first LEADING + 1 by cost alone would never see the cold ones
@@ -467,6 +470,8 @@ def test_records_best_and_the_pretuned_log_take_the_cold_record(backend: str,
             assert answer.record == cold
             lines, _etag = svc.pretuned_log(session, CPU)
             assert [json.loads(line) for line in lines] == [cold.to_json()]
+            _total, [shown] = svc.search(session, CPU)  # the dashboard's best
+            assert (shown.config, shown.cost) == (cold.config.to_json(), 2e-3)
             stored = svc.stored_of(session, [WORKLOAD])
         choice = choose_one(WORKLOAD, [Candidate(r, "db", measured, verified)
                                        for r, measured, verified in stored], CPU, None)

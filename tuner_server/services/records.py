@@ -881,46 +881,53 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
     return answers
 
 
-# The dashboard's search: one best record per (target kind, device model, workload),
-# ranked in SQL as the rule orders a device's unverified records (``history.order``: this
-# fleet's measurements first, then the cheapest, then the first stored; neither
-# verification medians nor cold-first ranking, which the build's rule adds) so that a page of
-# thousands of groups is read from the index; unlike the pretuned log it does not decode
-# configs, so it may show a record outside the template's space.
-# ``ix_records_groups`` holds every column the grouping reads, so the cheapest of each
-# group is found from the index alone; ``source`` is read only for those winners, and an
-# imported one's group is searched again, cheapest first, for a measurement.
+# The dashboard's search: one best record per (target kind, device model, workload). A
+# page of groups is read from ``ix_records_groups`` alone (thousands of groups, no row
+# read); each group of the page is then ranked as the build ranks a device's records
+# (``history.device_order``: timed cold first, verified configs by their median, then
+# measured, then the cheapest, then the first stored). Unlike the pretuned log it does
+# not decode configs, so it may show a record outside the template's space.
 _GROUP = (RecordRow.target_kind, RecordRow.target_model, RecordRow.workload_key)
 
 
-def _group_best(clauses: Sequence[Any]) -> Any:
-    """SELECT kind, model, workload key, lowest working cost, grouped, under ``clauses``
-    (each a function of the group: target, template, workload key)."""
-    return (select(*_GROUP, func.min(RecordRow.mean_cost).label("best"))
-            .where(RecordRow.error_no == 0, *clauses).group_by(*_GROUP))
+def _groups(clauses: Sequence[Any]) -> Any:
+    """SELECT kind, model, workload key of every group with a working record under
+    ``clauses``."""
+    return select(*_GROUP).where(RecordRow.error_no == 0, *clauses).group_by(*_GROUP)
 
 
-def _winner_ids(groups: Any) -> Any:
-    """SELECT the id of each group's winner (``groups``: a ``_group_best`` subquery).
-
-    First the group's cheapest record, of equal costs the first stored, as AutoTVM
-    keeps the first it reads; when that one is imported, the group's cheapest
-    measurement (first stored) replaces it, if the fleet measured the group at all."""
-    r = aliased(RecordRow)
-    cheapest = (select(func.min(r.id))
-                .join(groups, and_(r.error_no == 0, r.target_kind == groups.c.target_kind,
-                                   r.target_model == groups.c.target_model,
-                                   r.workload_key == groups.c.workload_key,
-                                   r.mean_cost == groups.c.best))
-                .group_by(r.target_kind, r.target_model, r.workload_key))
-    w, m = aliased(RecordRow), aliased(RecordRow)
-    measured = (select(m.id)
-                .where(m.error_no == 0, m.target_kind == w.target_kind,
-                       m.target_model == w.target_model, m.workload_key == w.workload_key,
-                       m.source == "measured")
-                .order_by(m.mean_cost, m.id).limit(1).correlate(w).scalar_subquery())
-    return (select(case((w.source == "imported", func.coalesce(measured, w.id)), else_=w.id))
-            .where(w.id.in_(cheapest)))
+def _group_winners(session: Session, page: Sequence[tuple[str, str, str]],
+                   clauses: Sequence[Any]) -> list[int]:
+    """The id of each group's winner in the rule's order (``device_order``); where the
+    rule would use none of its records (every verified median failed, a cost out of
+    range, a target that no longer parses), its cheapest working record, first stored."""
+    entries: dict[tuple[str, str, str], list[Stored[int]]] = {group: [] for group in page}
+    fallback: dict[tuple[str, str, str], tuple[float, int]] = {}
+    keys = list(dict.fromkeys(key for _kind, _model, key in page))
+    for among in _among(session, RecordRow.workload_key, keys):
+        rows = session.execute(select(RecordRow.target_kind, RecordRow.target_model, *_STORED)
+                               .where(among, _RANKED, *clauses))
+        for row in rows:
+            group = (row.target_kind, row.target_model, row.workload_key)
+            if group not in entries:
+                continue
+            if row.error_no == 0:
+                fallback[group] = min(fallback.get(group, (row.mean_cost, row.id)),
+                                      (row.mean_cost, row.id))
+            target = parsed_target(row.target)
+            if target is not None:
+                entries[group].append(Stored(row.id, target, row.mean_cost, row.error_no,
+                                             row.source == "measured", row.verified_config,
+                                             bool(row.cold)))
+    winners = []
+    for group, stored in entries.items():
+        stored.sort(key=lambda e: e.item)  # storage order: ties go to the first stored
+        ordered = device_order(stored)
+        if ordered:
+            winners.append(ordered[0].item)
+        elif group in fallback:
+            winners.append(fallback[group][1])
+    return winners
 
 
 Group = tuple[str, str]  # (workload key, device model): one line of a pretuned log
@@ -1130,8 +1137,8 @@ def search(session: Session, target: Target | None = None, template: str | None 
     key, e.g. ``1,64,56,56``, in any case), with (total, page).
 
     ``best_only``: one row per (device model, workload), its winner in the rule's order
-    (measured first, then cheapest) without the config check, ordered by template and
-    workload; else every record, newest first."""
+    (``_group_winners``) without the config check, ordered by workload; else every
+    record, newest first."""
     clauses: list[Any] = []
     if target is not None:
         clauses += _target_filter(target)
@@ -1142,13 +1149,14 @@ def search(session: Session, target: Target | None = None, template: str | None 
     columns = (RecordRow.id, RecordRow.target, RecordRow.template, RecordRow.workload_key,
                RecordRow.line, RecordRow.error_no, RecordRow.mean_cost, RecordRow.timestamp)
     if best_only:
-        groups = _group_best(clauses)
+        groups = _groups(clauses)
         total = session.scalar(select(func.count()).select_from(groups.subquery())) or 0
-        page = (groups.order_by(RecordRow.workload_key, RecordRow.target_kind,
-                                RecordRow.target_model)
-                .limit(limit).offset(offset).subquery())
+        page = session.execute(groups.order_by(RecordRow.workload_key, RecordRow.target_kind,
+                                               RecordRow.target_model)
+                               .limit(limit).offset(offset)).all()
+        winners = _group_winners(session, [(r[0], r[1], r[2]) for r in page], clauses)
         rows = session.execute(
-            select(*columns).where(RecordRow.id.in_(_winner_ids(page)))
+            select(*columns).where(RecordRow.id.in_(winners))
             .order_by(RecordRow.workload_key, RecordRow.target_kind, RecordRow.target_model))
         return total, [_summary(r) for r in rows]
     total = session.scalar(select(func.count()).select_from(RecordRow).where(*clauses)) or 0
