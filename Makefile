@@ -49,9 +49,14 @@ demo: $(STAMP)
 	$(BIN)/tuner tune $(DEMO_MODEL) --target "$(DEMO_TARGET)" --trials 4
 	$(BIN)/tuner compile $(DEMO_MODEL) --target "$(DEMO_TARGET)" --benchmark
 
-# --durations: the slowest tests at the end of the log, where the time went
+# Two passes: the tests in parallel, one worker per CPU (up to TEST_WORKERS), a module
+# per worker (its servers and fixtures started once); then, alone, the few `serial` ones
+# that bound wall-clock time. --durations: the slowest tests, where the time went.
+TEST_WORKERS ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest --durations=30
+	$(BIN)/python -m pytest -n logical --maxprocesses $(TEST_WORKERS) --dist loadfile \
+		-m "not serial" --durations=30
+	$(BIN)/python -m pytest -m serial --durations=5
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -431,6 +431,7 @@ def test_a_lease_is_sent_again_only_when_it_never_reached_the_server() -> None:
         assert script.calls == calls, first
 
 
+@pytest.mark.serial
 def test_retrying_without_bound_ends_when_stopped() -> None:
     """``retries=None`` retries until ``stop`` (an event, or a callable) says to stop,
     checked during the backoff too: the last failure is raised promptly."""

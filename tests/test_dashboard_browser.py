@@ -836,6 +836,7 @@ def seed_model_job(database_url: str, tasks: list[Task], n_trials: int) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # seeding 128,000 records takes minutes on a loaded machine
+@pytest.mark.serial
 def test_page_load_times_100k_records(browser: Any, tmp_path: Path) -> None:
     """Per page, navigation start -> body[data-loaded="1"] (HTML, assets, API calls,
     render), over a database of 100,000 records (3,000 workloads, 4 targets), 4 workers,

@@ -287,6 +287,7 @@ def test_graph_inputs_must_be_static_float32(elem: int, dims: list[object],
         assert word in str(info.value)
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("name", ["light_resnet50", "light_vgg19", "light_densenet121"])
 def test_light_model_imports_and_matches_shipped_output(name: str) -> None:
     path = os.path.join(LIGHT, f"{name}.onnx")

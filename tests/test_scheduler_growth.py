@@ -156,6 +156,7 @@ def test_grid_keeps_a_cursor_and_a_restart_derives_it() -> None:
     assert restarted.cursor == tuner.cursor
 
 
+@pytest.mark.serial
 def test_pass_time_does_not_grow_with_the_job(sqlite_sessions: sessionmaker[Session]) -> None:
     """A GA job of 3,000 trials (it learns from every record): the median pass at its end
     is within 2x of the median at its start, and what a pass reads of the database to

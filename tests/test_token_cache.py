@@ -48,6 +48,7 @@ def test_repeated_requests_look_the_token_up_once(server: LiveServer,
     assert 1 <= len(looked_up) < 5
 
 
+@pytest.mark.serial
 def test_a_token_revoked_elsewhere_stops_working_within_a_second(server: LiveServer) -> None:
     engine = make_engine(server.database_url)
     try:
