@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from compiler.records.choose import DEFAULT, THIS_DEVICE, choose_one
 from compiler.records.source import Candidate
 from compiler.templates import ConfigError, get_template, register_template
+from compiler.templates.history import Stored, device_order
 from schemas import Config, MeasureErrorNo, MeasureResult, Record, Target, Workload
 from schemas.api import BestResponse
 from schemas.record import COLD_INFO
@@ -189,6 +190,43 @@ def test_few_workloads_answer_as_the_rule_over_every_record(
             assert [(a.rule, a.line) for w in asked
                     for a in svc.best(session, [w], target)] == expected, text
             assert answers(svc.best(session, asked, target)) == expected, text
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_the_search_shows_the_rules_first_record_of_each_group(
+        sessions: sessionmaker[Session], seed: int) -> None:
+    """The dashboard's best view shows, per device model and workload, the record the
+    rule ranks first over every row of the group (``device_order``: cold, verified
+    medians, measured, cheapest, first stored), though it reads only each part's
+    cheapest; where the rule would use none, the group's cheapest working record."""
+    asked = workloads(10)
+    with sessions.begin() as session:
+        fill_deep(session, asked, seed)
+        # a few working rows whose cost the rule cannot use (0 s): the cheapest of their part
+        plain = session.scalars(select(RecordRow.id).where(
+            RecordRow.error_no == 0, RecordRow.verified_config.is_(None))).all()
+        zero = random.Random(seed).sample(list(plain), len(plain) // 5)
+        session.execute(update(RecordRow).where(RecordRow.id.in_(zero)).values(mean_cost=0.0))
+    with sessions() as session:
+        rows = session.execute(select(RecordRow).order_by(RecordRow.id)).scalars().all()
+        total, page = svc.search(session, limit=1000)
+    groups: dict[tuple[str, str, str], list[RecordRow]] = {}
+    for row in rows:
+        groups.setdefault((row.target_kind, row.target_model, row.workload_key), []).append(row)
+    expected = {}
+    for group, members in groups.items():
+        working = [r for r in members if r.error_no == 0]
+        if working:
+            ordered = device_order([Stored(r.id, Target.parse(r.target), r.mean_cost, r.error_no,
+                                           r.source == "measured", r.verified_config, r.cold)
+                                    for r in members])
+            expected[group] = (ordered[0].item if ordered
+                               else min(working, key=lambda r: (r.mean_cost, r.id)).id)
+    shown = {(Target.parse(s.target).kind, Target.parse(s.target).model, s.workload_key): s.id
+             for s in page}
+    assert total == len(expected) == len(shown)
+    assert shown == expected
+    assert any(r.verified_config is not None for r in rows) and any(r.cold for r in rows)
 
 
 def test_a_cut_row_whose_target_no_longer_parses(sessions: sessionmaker[Session],

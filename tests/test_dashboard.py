@@ -296,8 +296,8 @@ def _line(target: str, template: str, args: list[Any], cost: float | None, index
 
 def test_records_search(make_api: Callable[[], Api]) -> None:
     """Filters by target (kind or model), template and a workload-key substring; the best
-    view keeps the cheapest working record per (device model, workload), with GFLOP/s
-    and knobs; the plain view lists every record, newest first."""
+    view keeps the rule's first record per (device model, workload), here the cheapest
+    working one, with GFLOP/s and knobs; the plain view lists every record, newest first."""
     api = make_api()
     other_args = [["TENSOR", [1, 512], "float32"], ["TENSOR", [128, 512], "float32"],
                   None, "float32"]
@@ -764,6 +764,7 @@ def _seed_large(db: Engine) -> tuple[int, int, list[int]]:
     return ids[0], ids[1], trial_ids
 
 
+@pytest.mark.serial
 def test_endpoint_speed_100k_records(make_api: Callable[[], Api], backend: str) -> None:
     """Each endpoint the dashboard polls, over 100,000 records and a 1,000-trial task:
     prints the median of a few calls, asserts a generous bound."""

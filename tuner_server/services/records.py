@@ -888,12 +888,36 @@ def best(session: Session, workloads: Sequence[Workload], target: Target,
 # measured, then the cheapest, then the first stored). Unlike the pretuned log it does
 # not decode configs, so it may show a record outside the template's space.
 _GROUP = (RecordRow.target_kind, RecordRow.target_model, RecordRow.workload_key)
+_GROUP_ROW = (RecordRow.target_kind, RecordRow.target_model, *_STORED)
 
 
 def _groups(clauses: Sequence[Any]) -> Any:
     """SELECT kind, model, workload key of every group with a working record under
     ``clauses``."""
     return select(*_GROUP).where(RecordRow.error_no == 0, *clauses).group_by(*_GROUP)
+
+
+def _group_rows(among: Any, clauses: Sequence[Any]) -> Any:
+    """SELECT (``_GROUP_ROW``) what ``device_order`` may put first in each group
+    ``among`` names, and each group's cheapest working row: its verification rows, and
+    of its other working rows the first by (cost, id) of each (cold, source, usable)
+    part. A group of a long search holds thousands of rows; this is a few of them,
+    found by two aggregates (a window over the rows sorted them all, spilling to disk on
+    PostgreSQL: 3-4x slower)."""
+    usable = case((and_(RecordRow.mean_cost > 0, RecordRow.mean_cost < FAILED_COST), 1),
+                  else_=0)
+    part = (*_GROUP, RecordRow.cold, RecordRow.source)
+    plain = (RecordRow.error_no == 0, RecordRow.verified_config.is_(None))
+    cheapest = (select(*part, usable.label("usable"), func.min(RecordRow.mean_cost).label("cost"))
+                .where(among, *plain, *clauses).group_by(*part, usable).subquery())
+    first = (select(func.min(RecordRow.id))
+             .join(cheapest, and_(*(column == cheapest.c[column.key] for column in part),
+                                  RecordRow.mean_cost == cheapest.c.cost))
+             .where(among, *plain)
+             .group_by(*(cheapest.c[column.key] for column in part), cheapest.c.cost))
+    return union_all(
+        select(*_GROUP_ROW).where(RecordRow.id.in_(first)),
+        select(*_GROUP_ROW).where(among, RecordRow.verified_config.is_not(None), *clauses))
 
 
 def _group_winners(session: Session, page: Sequence[tuple[str, str, str]],
@@ -905,9 +929,7 @@ def _group_winners(session: Session, page: Sequence[tuple[str, str, str]],
     fallback: dict[tuple[str, str, str], tuple[float, int]] = {}
     keys = list(dict.fromkeys(key for _kind, _model, key in page))
     for among in _among(session, RecordRow.workload_key, keys):
-        rows = session.execute(select(RecordRow.target_kind, RecordRow.target_model, *_STORED)
-                               .where(among, _RANKED, *clauses))
-        for row in rows:
+        for row in session.execute(_group_rows(among, clauses)):
             group = (row.target_kind, row.target_model, row.workload_key)
             if group not in entries:
                 continue
