@@ -52,11 +52,15 @@ demo: $(STAMP)
 # Two passes: the tests in parallel, one worker per CPU (up to TEST_WORKERS), a module
 # per worker (its servers and fixtures started once); then, alone, the few `serial` ones
 # that bound wall-clock time. --durations: the slowest tests, where the time went.
+# (--no-loadscope-reorder: conftest.py's order, longest files first, not xdist's by test
+# count.) Both passes run; the target fails if either did.
 TEST_WORKERS ?= 4
 test: $(STAMP)
+	status=0; \
 	$(BIN)/python -m pytest -n logical --maxprocesses $(TEST_WORKERS) --dist loadfile \
-		-m "not serial" --durations=30
-	$(BIN)/python -m pytest -m serial --durations=5
+		--no-loadscope-reorder -m "not serial" --durations=30 || status=1; \
+	$(BIN)/python -m pytest -m serial --durations=5 || status=1; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -80,8 +80,10 @@ def _utf8(value: object) -> object:
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, dict):
         return {_utf8(k): _utf8(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_utf8(v) for v in value)
+    if isinstance(value, list):
+        return [_utf8(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_utf8(v) for v in value)
     return value
 
 

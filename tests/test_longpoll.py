@@ -247,6 +247,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return fn(), time.monotonic() - started
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("queue", ["sql", "redis"])
 def test_push_wakes_a_waiter_at_once(make_servers: Make, queue: str) -> None:
     """A push in the same process wakes the parked lease at once, not at the next
@@ -271,6 +272,7 @@ def test_push_wakes_a_waiter_at_once(make_servers: Make, queue: str) -> None:
     assert woke and answered - woke[0] < 2.0, answered - woke[0]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("backend,queue", [("sqlite", "sql"), ("postgresql", "redis")])
 def test_push_in_one_server_wakes_a_waiter_in_another(make_servers: Make, backend: str,
                                                       queue: str) -> None:
