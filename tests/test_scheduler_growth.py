@@ -372,7 +372,7 @@ def _index_entries_read(session: Session) -> int:
     return read(plan["Plan"])
 
 
-@pytest.mark.serial  # another worker's transactions can keep the entries alive
+@pytest.mark.serial  # beside another worker it read 700 entries (alone: <= 10)
 def test_the_outstanding_count_does_not_walk_dead_entries(tmp_path: Path) -> None:
     """PostgreSQL without a vacuum: each trial leaves dead entries for its queued and
     leased versions in the status indexes. The pass's count of outstanding trials marks
