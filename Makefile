@@ -49,11 +49,12 @@ demo: $(STAMP)
 	$(BIN)/tuner tune $(DEMO_MODEL) --target "$(DEMO_TARGET)" --trials 4
 	$(BIN)/tuner compile $(DEMO_MODEL) --target "$(DEMO_TARGET)" --benchmark
 
-# Two passes: the tests in parallel, one worker per CPU (up to TEST_WORKERS), a module
-# per worker (its servers and fixtures started once); then, alone, the few `serial` ones
-# that bound wall-clock time. --durations: the slowest tests, where the time went.
-# (--no-loadscope-reorder: conftest.py's order, longest files first, not xdist's by test
-# count.) Both passes run; the target fails if either did.
+# Two passes: the tests in parallel, one worker per CPU (up to TEST_WORKERS), each taking
+# a file at a time (its module's servers and fixtures start once); then, alone, the few
+# `serial` ones, which bound wall-clock time or the database server's work. --durations:
+# the slowest tests, where the time went. (--no-loadscope-reorder: conftest.py's order,
+# longest files first, not xdist's by test count.) Both passes run; the target fails if
+# either did.
 TEST_WORKERS ?= 4
 test: $(STAMP)
 	status=0; \
