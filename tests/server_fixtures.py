@@ -3,12 +3,15 @@ uvicorn server on a loopback port, tokens, and the TopHub logs as parsed lines."
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import random
 import secrets
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -175,10 +178,36 @@ def make_tokens(url: str) -> dict[str, str]:
         engine.dispose()
 
 
+# Ports for test servers: below the kernel's ephemeral range (32768-60999 on Linux), which
+# client connections take theirs from, so none can take a port between free_port() and the
+# server's bind. A port is claimed by locking its byte of one file: test workers
+# (``pytest -n``) never hand out the same port, and a worker's claims end with it.
+PORT_RANGE = (20000, 32000)
+_PORT_CLAIMS = Path(tempfile.gettempdir()) / "tuner-test-ports.lock"
+_claimed: set[int] = set()
+_claims_fd: list[int] = []
+_ports = random.Random()  # not the global one a test may seed
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on and no other test process will hand out."""
+    if not _claims_fd:
+        _claims_fd.append(os.open(_PORT_CLAIMS, os.O_RDWR | os.O_CREAT, 0o666))
+    while True:
+        port = _ports.randrange(*PORT_RANGE)
+        if port in _claimed:
+            continue
+        try:
+            fcntl.lockf(_claims_fd[0], fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
+        except OSError:  # another test process holds it
+            continue
+        _claimed.add(port)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # something else listens there
+                continue
+        return port
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_fixtures import LiveServer, live_server, tophub_paths
+from server_fixtures import LiveServer, free_port, live_server, tophub_paths
 
 from schemas import MeasureErrorNo, MeasureOptions, MeasureResult, Target, Workload
 from schemas.api import (
@@ -305,12 +305,6 @@ def test_a_job_submission_that_reached_the_server_is_not_retried(server: LiveSer
         down.end()
         assert outage.value.status == 503 and outage.value.sent
         assert len(user.jobs(limit=1000)) == before  # not sent again once the table was back
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_nothing_listening_is_unavailable_after_bounded_retries() -> None:

@@ -121,12 +121,6 @@ def embedded_tokens(sessions: Any, database_url: str) -> dict[str, str]:
     return tokens
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class EmbeddedFleet:
     """The server on a local database plus one worker on the local device, in this
     process; built by :meth:`start`, so a Ctrl-C halfway through still finds what to
@@ -168,12 +162,15 @@ class EmbeddedFleet:
         finally:
             engine.dispose()
         self.client_token = tokens["client"]
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
+        # the server gets the bound socket: no other process can take its port between
+        # choosing it and listening on it
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         app = create_app(Settings(database_url=self._database_url), self.quiet)
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                     log_level="warning"))
-        self._threads.append(threading.Thread(target=self._server.run, daemon=True))
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self._threads.append(threading.Thread(target=self._server.run,
+                                              kwargs={"sockets": [sock]}, daemon=True))
         self._threads[0].start()
         deadline = time.time() + 30
         while not self._server.started:
