@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import warnings
 import zlib
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -110,6 +111,16 @@ def pytest_report_to_serializable(
     whose captured log holds a lone surrogate (bad input is logged as it came) would end
     the worker, and its remaining tests would not run."""
     return _utf8((yield))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_warning_recorded(warning_message: warnings.WarningMessage) -> None:
+    """Likewise a warning a test raised: its text is escaped before a test worker sends
+    it (xdist's own serializer, which the report hook above does not reach; a historic
+    hook takes no wrapper, so this runs first and escapes it in place)."""
+    message = warning_message.message
+    if isinstance(message, Warning):
+        message.args = _utf8(message.args)  # type: ignore[assignment]
 
 # A typical GPU's per-block limits, with the register tile capped at 64 accumulators:
 # what the random sweeps of the GPU templates draw their configs under.
