@@ -19,14 +19,22 @@ each run with a fresh database and a fresh kernel cache, and prints per run:
 the kernels' source, say) run it once per tree with PYTHONPATH=TREE, alternating.
 ``--templates`` tunes the same conv on each template given, alternating (say
 ``conv2d_NCHWc.x86,conv2d_NCHWc_gemm.x86``: what its compiles cost a trial).
+``--compiles`` then builds each run's trials again one after another in a process of
+their own (fresh kernel cache, build and first launch, as a builder does) and prints per
+lease batch: their compile seconds in all, the longest, how long the builders take over
+them handed out in order (each takes the next as it comes free, as ``BuildPool`` does)
+and the sum over the builders, the bound no order beats; so a run's steady time splits
+into compile work, builders waiting on a batch's longest compile, and the rest.
 
 Usage: python bench/trial_overhead.py [--trials 32] [--rounds 1] [--modes as-it-comes,ahead]
-       [--templates conv2d_NCHWc.x86]
+       [--templates conv2d_NCHWc.x86] [--compiles]
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
+import json
 import os
 import statistics
 import subprocess
@@ -34,13 +42,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import tuner
-from compiler.runtime.prebuild import lease_batch
+from compiler.runtime.prebuild import default_builders, lease_batch
 
 ARGS = ('[["TENSOR",[1,64,56,56],"float32"],["TENSOR",[64,64,3,3],"float32"],[1,1],'
         '[1,1,1,1],[1,1],"NCHW","NCHW","float32"]')
 TARGET = "opencl -model=pocl-cpu"
+
+
+def database_url(scratch: Path, name: str) -> str:
+    return f"sqlite:///{scratch / f'{name}.db'}"
 
 
 def run(prebuild: bool, trials: int, scratch: Path, name: str,
@@ -48,7 +61,7 @@ def run(prebuild: bool, trials: int, scratch: Path, name: str,
     """One ``tuner tune`` in a process of its own; its figures from the records."""
     env = dict(os.environ, TUNER_PREBUILD="1" if prebuild else "0",
                TUNER_KERNEL_CACHE=str(scratch / f"kernels-{name}"))
-    url = f"sqlite:///{scratch / f'{name}.db'}"
+    url = database_url(scratch, name)
     command = [str(Path(sys.executable).with_name("tuner")), "tune", "--target", TARGET,
                "--template", template, "--args", ARGS, "--trials", str(trials),
                "--tuner", "random", "--number", "1", "--repeat", "1",
@@ -74,6 +87,61 @@ def run(prebuild: bool, trials: int, scratch: Path, name: str,
             "own": own, "overhead": steady - own, "records": len(measured), "batch": batch}
 
 
+def measured_configs(url: str, trials: int) -> list[Any]:
+    """The records of a run's own trials, in the order they were measured."""
+    with tuner.Database(url) as db:
+        records = sorted(db.records(TARGET), key=lambda r: r.result.timestamp)
+    return records[:trials]
+
+
+def compile_one_after_another(url: str, trials: int) -> None:
+    """(In a process of its own, started with a fresh kernel cache.) Build and first-launch
+    each trial's kernel in turn, as a builder does; print the seconds of each as JSON."""
+    from compiler.runtime import open_device
+    from compiler.runtime.measure import MeasureRequest
+    from compiler.runtime.prebuild import warm
+    from schemas import MeasureOptions
+
+    device = open_device(None, TARGET)
+    seconds = []
+    for record in measured_configs(url, trials):
+        workload = record.input.workload
+        request = MeasureRequest(workload.template, workload, record.input.config,
+                                 MeasureOptions(number=1, repeat=1, timeout_s=600))
+        began = time.perf_counter()
+        warm(device, request, launch=True)
+        seconds.append(time.perf_counter() - began)
+    print(json.dumps(seconds))
+
+
+def in_order(seconds: list[float], builders: int) -> float:
+    """How long ``builders`` take over these compiles handed out in order."""
+    free = [0.0] * builders
+    for s in seconds:
+        heapq.heappush(free, heapq.heappop(free) + s)
+    return max(free)
+
+
+def compiles(url: str, trials: int, scratch: Path, name: str, batch: int) -> list[str]:
+    """Table rows: a run's lease batches, their compiles one after another."""
+    env = dict(os.environ, TUNER_KERNEL_CACHE=str(scratch / f"kernels-{name}-again"))
+    out = subprocess.run([sys.executable, __file__, "--compile-db", url, "--trials", str(trials)],
+                         env=env, check=True, capture_output=True, text=True).stdout
+    seconds = json.loads(out.strip().splitlines()[-1])
+    builders = default_builders()
+    rows = []
+    for start in range(0, len(seconds), batch):
+        part = seconds[start:start + batch]
+        rows.append(f"| {name} | {start // batch} | {len(part)} | {sum(part):.2f} | "
+                    f"{max(part):.2f} | {in_order(part, builders):.2f} | "
+                    f"{sum(part) / builders:.2f} |")
+    total = sum(seconds)
+    rows.append(f"| {name} | all | {len(seconds)} | {total:.2f} | {max(seconds):.2f} | "
+                f"{sum(in_order(seconds[i:i + batch], builders) for i in range(0, len(seconds), batch)):.2f} | "
+                f"{total / builders:.2f} |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=32)
@@ -82,12 +150,19 @@ def main() -> None:
                         help="comma-separated: as-it-comes (TUNER_PREBUILD=0), ahead (=1)")
     parser.add_argument("--templates", default="conv2d_NCHWc.x86",
                         help="comma-separated templates tuning the same conv, alternating")
+    parser.add_argument("--compiles", action="store_true",
+                        help="then build each run's trials one after another (see above)")
+    parser.add_argument("--compile-db", help=argparse.SUPPRESS)  # that build's own process
     opts = parser.parse_args()
+    if opts.compile_db:
+        compile_one_after_another(opts.compile_db, opts.trials)
+        return
     templates = [t.strip() for t in opts.templates.split(",") if t.strip()]
     modes = {m.strip() for m in opts.modes.split(",") if m.strip()}
     if not modes or modes - {"as-it-comes", "ahead"}:
         parser.error(f"--modes {opts.modes!r}: expected as-it-comes and/or ahead")
     rows: list[tuple[str, dict[str, float]]] = []
+    compile_rows: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(opts.rounds):
             order = (False, True) if i % 2 == 0 else (True, False)
@@ -98,15 +173,24 @@ def main() -> None:
                     name = f"{'ahead' if prebuild else 'as-it-comes'}-{i}"
                     if len(templates) > 1:
                         name += f" {template}"
-                    rows.append((name, run(prebuild, opts.trials, Path(tmp),
-                                           name.replace(" ", "-"), template)))
+                    file = name.replace(" ", "-")
+                    figures = run(prebuild, opts.trials, Path(tmp), file, template)
+                    rows.append((name, figures))
                     print(f"done: {name}", file=sys.stderr, flush=True)
+                    if opts.compiles:
+                        compile_rows += compiles(database_url(Path(tmp), file), opts.trials,
+                                                 Path(tmp), file, int(figures["batch"]))
     keys = ["wall", "steady", "all_cost mean", "all_cost median", "own", "overhead"]
     print("| run | batch | records | " + " | ".join(keys) + " |")
     print("|---|---:|---:|" + "---:|" * len(keys))
     for name, fig in rows:
         print(f"| {name} | {int(fig['batch'])} | {int(fig['records'])} | "
               + " | ".join(f"{fig[k]:.3f}" for k in keys) + " |")
+    if compile_rows:
+        print(f"\n| run | lease batch | kernels | compiles one after another, s | longest | "
+              f"{default_builders()} builders in order | sum / builders |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        print("\n".join(compile_rows))
     try:
         load = os.getloadavg()
         print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
