@@ -122,6 +122,7 @@ def pytest_warning_recorded(warning_message: warnings.WarningMessage) -> None:
     if isinstance(message, Warning):
         message.args = _utf8(message.args)  # type: ignore[assignment]
 
+
 # A typical GPU's per-block limits, with the register tile capped at 64 accumulators:
 # what the random sweeps of the GPU templates draw their configs under.
 GPU_LIMITS = DeviceLimits(max_threads_per_block=1024, max_thread_x=1024, max_thread_y=1024,

@@ -180,34 +180,39 @@ def make_tokens(url: str) -> dict[str, str]:
 
 # Ports for test servers: below the kernel's ephemeral range (32768-60999 on Linux), which
 # client connections take theirs from, so none can take a port between free_port() and the
-# server's bind. A port is claimed by locking its byte of one file: test workers
-# (``pytest -n``) never hand out the same port, and a worker's claims end with it.
+# server's bind. A port is claimed by locking its byte of one file (one per user: another
+# user's could not be opened): test workers (``pytest -n``) never hand out the same port,
+# and a worker's claims end with it.
 PORT_RANGE = (20000, 32000)
-_PORT_CLAIMS = Path(tempfile.gettempdir()) / "tuner-test-ports.lock"
+_PORT_CLAIMS = Path(tempfile.gettempdir()) / f"tuner-test-ports-{os.getuid()}.lock"
 _claimed: set[int] = set()
 _claims_fd: list[int] = []
+_claims_lock = threading.Lock()  # lockf never conflicts within a process: threads take turns
 _ports = random.Random()  # not the global one a test may seed
 
 
 def free_port() -> int:
     """A port nothing listens on and no other test process will hand out."""
-    if not _claims_fd:
-        _claims_fd.append(os.open(_PORT_CLAIMS, os.O_RDWR | os.O_CREAT, 0o666))
-    while True:
-        port = _ports.randrange(*PORT_RANGE)
-        if port in _claimed:
-            continue
-        try:
-            fcntl.lockf(_claims_fd[0], fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
-        except OSError:  # another test process holds it
-            continue
-        _claimed.add(port)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:  # something else listens there
+    with _claims_lock:
+        if not _claims_fd:
+            _claims_fd.append(os.open(_PORT_CLAIMS, os.O_RDWR | os.O_CREAT, 0o600))
+        for _ in range(PORT_RANGE[1] - PORT_RANGE[0]):
+            port = _ports.randrange(*PORT_RANGE)
+            if port in _claimed:
                 continue
-        return port
+            try:
+                fcntl.lockf(_claims_fd[0], fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
+            except (BlockingIOError, PermissionError):  # another test process holds it
+                continue
+            _claimed.add(port)
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:  # something else listens there
+                    continue
+            return port
+    raise RuntimeError(f"no free port in {PORT_RANGE[0]}-{PORT_RANGE[1] - 1} after as many "
+                       "tries as it holds")
 
 
 @dataclass

@@ -43,7 +43,11 @@ def test_two_processes_never_hand_out_the_same_port() -> None:
         theirs = {int(p) for p in holder.stdout.readline().split()}
         ours = {free_port() for _ in range(CLAIMS)}
     finally:
-        holder.communicate("", timeout=30)
+        try:
+            holder.communicate("", timeout=30)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            raise
     assert len(theirs) == len(ours) == CLAIMS
     assert not theirs & ours
     # below the ephemeral range that client connections take their ports from
@@ -61,5 +65,5 @@ def test_lone_surrogates_in_warnings_and_reports_reach_the_controller(tmp_path: 
          "--rootdir", str(tmp_path), "-q", str(tmp_path / "test_bad_text.py")],
         check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert "INTERNALERROR" not in run.stdout + run.stderr, run.stdout[-3000:]
-    assert "1 failed, 2 passed, 1 warning" in run.stdout, run.stdout[-3000:]
+    assert "1 failed, 2 passed" in run.stdout, run.stdout[-3000:]
     assert "UserWarning: bad input: \\udcff" in run.stdout

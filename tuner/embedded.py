@@ -129,6 +129,7 @@ class EmbeddedFleet:
     def __init__(self, database_url: str, device: str) -> None:
         self._database_url, self._device = database_url, device
         self._server: Any = None
+        self._socket: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self.agent: Any = None
         self.failure: Exception | None = None
@@ -164,7 +165,7 @@ class EmbeddedFleet:
         self.client_token = tokens["client"]
         # the server gets the bound socket: no other process can take its port between
         # choosing it and listening on it
-        sock = socket.socket()
+        self._socket = sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         app = create_app(Settings(database_url=self._database_url), self.quiet)
@@ -218,3 +219,5 @@ class EmbeddedFleet:
         if self._server is not None:
             self._server.should_exit = True
             self._threads[0].join(10)
+        if self._socket is not None:  # uvicorn closes it only where it started serving
+            self._socket.close()
