@@ -19,12 +19,14 @@ each run with a fresh database and a fresh kernel cache, and prints per run:
 the kernels' source, say) run it once per tree with PYTHONPATH=TREE, alternating.
 ``--templates`` tunes the same conv on each template given, alternating (say
 ``conv2d_NCHWc.x86,conv2d_NCHWc_gemm.x86``: what its compiles cost a trial).
-``--compiles`` then builds each run's trials again one after another in a process of
-their own (fresh kernel cache, build and first launch, as a builder does) and prints per
-lease batch: their compile seconds in all, the longest, how long the builders take over
-them handed out in order (each takes the next as it comes free, as ``BuildPool`` does)
-and the sum over the builders, the bound no order beats; so a run's steady time splits
-into compile work, builders waiting on a batch's longest compile, and the rest.
+``--compiles`` then builds each built-ahead run's trials again, one after another in a
+process of their own (fresh kernel cache, build and first launch, as a builder does), and
+prints per lease batch: their compile seconds in all, the longest, and how long the
+builders take over them handed out in order (each takes the next as it comes free, as
+``BuildPool`` does), largest source first, longest first (known only afterwards), and the
+bound no order beats, max(longest, sum / builders); then in order over lease batches 2
+and 4 times as large. So a run's steady time splits into compile work, builders idle at
+a batch's end, and the rest, and what an order would take back.
 
 Usage: python bench/trial_overhead.py [--trials 32] [--rounds 1] [--modes as-it-comes,ahead]
        [--templates conv2d_NCHWc.x86] [--compiles]
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +103,11 @@ def compile_one_after_another(url: str, trials: int) -> None:
     from compiler.runtime import open_device
     from compiler.runtime.measure import MeasureRequest
     from compiler.runtime.prebuild import warm
+    from compiler.templates import get_template
     from schemas import MeasureOptions
 
     device = open_device(None, TARGET)
-    seconds = []
+    seconds, sizes = [], []
     for record in measured_configs(url, trials):
         workload = record.input.workload
         request = MeasureRequest(workload.template, workload, record.input.config,
@@ -111,7 +115,11 @@ def compile_one_after_another(url: str, trials: int) -> None:
         began = time.perf_counter()
         warm(device, request, launch=True)
         seconds.append(time.perf_counter() - began)
-    print(json.dumps(seconds))
+        template = get_template(workload.template)
+        sizes.append(len(template.codegen(workload, record.input.config,
+                                          io=template.measure_io(workload,
+                                                                 record.input.config)).source))
+    print(json.dumps([seconds, sizes]))
 
 
 def in_order(seconds: list[float], builders: int) -> float:
@@ -122,23 +130,37 @@ def in_order(seconds: list[float], builders: int) -> float:
     return max(free)
 
 
+def batched(seconds: list[float], batch: int, builders: int,
+            key: Callable[[int], float] | None = None) -> float:
+    """The builders' time over ``seconds`` leased ``batch`` at a time, each batch handed
+    out in order or sorted by ``key`` (of an index into ``seconds``)."""
+    total = 0.0
+    for start in range(0, len(seconds), batch):
+        part = sorted(range(start, min(start + batch, len(seconds))), key=key)
+        total += in_order([seconds[i] for i in part], builders)
+    return total
+
+
 def compiles(url: str, trials: int, scratch: Path, name: str, batch: int) -> list[str]:
     """Table rows: a run's lease batches, their compiles one after another."""
     env = dict(os.environ, TUNER_KERNEL_CACHE=str(scratch / f"kernels-{name}-again"))
     out = subprocess.run([sys.executable, __file__, "--compile-db", url, "--trials", str(trials)],
                          env=env, check=True, capture_output=True, text=True).stdout
-    seconds = json.loads(out.strip().splitlines()[-1])
-    builders = default_builders()
+    seconds, sizes = json.loads(out.strip().splitlines()[-1])
+    n = default_builders()
     rows = []
-    for start in range(0, len(seconds), batch):
-        part = seconds[start:start + batch]
-        rows.append(f"| {name} | {start // batch} | {len(part)} | {sum(part):.2f} | "
-                    f"{max(part):.2f} | {in_order(part, builders):.2f} | "
-                    f"{sum(part) / builders:.2f} |")
-    total = sum(seconds)
-    rows.append(f"| {name} | all | {len(seconds)} | {total:.2f} | {max(seconds):.2f} | "
-                f"{sum(in_order(seconds[i:i + batch], builders) for i in range(0, len(seconds), batch)):.2f} | "
-                f"{total / builders:.2f} |")
+    for start in [*range(0, len(seconds), batch), None]:
+        first, end = (0, len(seconds)) if start is None else (start, start + batch)
+        part = seconds[first:end]
+        bound = sum(max(max(p), sum(p) / n) for p in (
+            seconds[i:i + batch] for i in range(first, min(end, len(seconds)), batch)))
+        rows.append(f"| {name} | {'all' if start is None else start // batch} | {len(part)} | "
+                    f"{sum(part):.2f} | {max(part):.2f} | {batched(part, batch, n):.2f} | "
+                    f"{batched(part, batch, n, lambda i, f=first: -sizes[f + i]):.2f} | "
+                    f"{batched(part, batch, n, lambda i, p=part: -p[i]):.2f} | {bound:.2f} |")
+    rows.append(f"| {name} | in order, lease batches of {2 * batch} / {4 * batch} | "
+                f"{len(seconds)} | | | {batched(seconds, 2 * batch, n):.2f} / "
+                f"{batched(seconds, 4 * batch, n):.2f} | | | |")
     return rows
 
 
@@ -177,7 +199,7 @@ def main() -> None:
                     figures = run(prebuild, opts.trials, Path(tmp), file, template)
                     rows.append((name, figures))
                     print(f"done: {name}", file=sys.stderr, flush=True)
-                    if opts.compiles:
+                    if opts.compiles and prebuild:  # as it comes: no builders
                         compile_rows += compiles(database_url(Path(tmp), file), opts.trials,
                                                  Path(tmp), file, int(figures["batch"]))
     keys = ["wall", "steady", "all_cost mean", "all_cost median", "own", "overhead"]
@@ -188,8 +210,9 @@ def main() -> None:
               + " | ".join(f"{fig[k]:.3f}" for k in keys) + " |")
     if compile_rows:
         print(f"\n| run | lease batch | kernels | compiles one after another, s | longest | "
-              f"{default_builders()} builders in order | sum / builders |")
-        print("|---|---|---:|---:|---:|---:|---:|")
+              f"{default_builders()} builders in order | largest source first | longest first | "
+              "max(longest, sum / builders) |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         print("\n".join(compile_rows))
     try:
         load = os.getloadavg()
