@@ -324,6 +324,54 @@ def test_a_stopped_batch_leaves_no_build_to_the_next(
         pool.close()
 
 
+@needs_opencl
+def test_the_largest_sources_are_built_first_once_sized() -> None:
+    """``largest_first``: one builder sizes the batch (a code generation each), then
+    builds its kernels largest source first; a config whose code generation fails is
+    settled at its sizing with the error the measuring child reports, and not built."""
+    from compiler.runtime.prebuild import BuildPool
+
+    requests = [dense(2), dense(3), dense(8), dense(4)]  # sources 4757, -, 4852, 4805 chars
+    pool = BuildPool("opencl:0", size=1)
+    try:
+        for largest_first, order in ((True, [1, 2, 3, 0]), (False, [0, 1, 2, 3])):
+            settled: list[int] = []
+            report = pool.prebuild(requests, settled=settled.append,
+                                   largest_first=largest_first)
+            assert settled == order, (largest_first, settled)
+            assert report.outcomes[1].startswith("error 1: "), report
+            assert report.outcomes[:1] + report.outcomes[2:] == ["", "", ""], report
+    finally:
+        pool.close()
+
+
+@needs_opencl
+def test_a_code_generation_that_hangs_holds_up_its_builder_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sizing runs each template's code generation in a builder: one that hangs costs
+    that builder its deadline (then it is killed, with the compiler it ran), while the
+    other builder builds the rest of the batch, the largest source first."""
+    from compiler.runtime.prebuild import BuildPool
+
+    pidfile = tmp_path / "compiler.pid"
+    monkeypatch.setenv(broken_templates.BrokenCompiler.PIDFILE_ENV, str(pidfile))
+    hangs = MeasureOptions(number=1, repeat=1, timeout_s=8)
+    requests = [dense(8, broken_templates.BROKEN_COMPILER.name, hangs), dense(2), dense(4)]
+    pool = BuildPool("opencl:0", EXTRA, size=2)
+    try:
+        settled: list[int] = []
+        report = pool.prebuild(requests, settled=settled.append, largest_first=True)
+    finally:
+        pool.close()
+    assert report.outcomes == ["not built: past its 8 s", "", ""], report
+    assert settled == [2, 1, 0], settled  # built while the other builder hung
+    compiler = int(pidfile.read_text())
+    deadline = time.time() + 10
+    while not _gone(compiler) and time.time() < deadline:
+        time.sleep(0.1)
+    assert _gone(compiler), f"compiler {compiler} outlived its builder's deadline"
+
+
 @pytest.mark.parametrize("switch", ["1", "0"])
 def test_a_standalone_worker_leases_a_batch_for_its_builders(
         switch: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -112,7 +112,7 @@ class IsolatedMeasurer:
             self._pool = BuildPool(info.spec, self._args[2])
         pool = self._pool
         if not (not is_cpu(info) if overlap is None else overlap):
-            return pool.prebuild(requests, stop)
+            return pool.prebuild(requests, stop, largest_first=True)
         events = {id(r): threading.Event() for r in requests}
         self._ahead = events
 

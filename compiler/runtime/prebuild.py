@@ -12,7 +12,10 @@ could not build (it does not compile, it hangs, it crashes them) costs nothing b
 try: the measuring child builds it again and reports its own error number.
 
 On a CPU device a compile on one core perturbs a kernel timed on all of them: the whole
-batch is built first, then timed with no compile running. On a GPU device the builders
+batch is built first, then timed with no compile running, so the batch waits for its last
+build; the builders take its largest kernel sources first (sized by a code generation in
+a builder, where a template that hangs costs only its deadline), which leaves less of a
+long compile to the end while the other builders wait. On a GPU device the builders
 only compile, on host cores (they launch nothing), so ``IsolatedMeasurer.prebuild`` lets
 them run while earlier trials are timed; that overlap is not measured (no GPU on the
 machine this was written on).
@@ -102,6 +105,18 @@ def warm(device: Device, request: MeasureRequest, launch: bool) -> tuple[int, st
             unload()
 
 
+def source_size(device: Device, request: MeasureRequest
+                ) -> tuple[str, int] | tuple[str, int, str]:
+    """("sized", the length of ``request``'s kernel source), or ("done", error number,
+    why) where its code generation fails (the build would fail alike). In a builder, not
+    the worker: a template's code generation that hangs then costs only its deadline."""
+    try:
+        _template, kernel = request_kernel(device, request)
+    except TrialFailure as err:
+        return "done", int(err.error_no), str(err)
+    return "sized", len(kernel.source)
+
+
 @dataclass
 class PrebuildReport:
     """What became of a batch: per request, "" (built) or why not ("error N: ..." where the
@@ -122,6 +137,8 @@ class _Builder:
     conn: Connection
     ready: bool = False
     job: int | None = None  # index of the request in hand
+    sizing: bool = False  # the job is a code generation for its size, not a build
+    handed: float = 0.0  # when the job was handed over
     deadline: float = 0.0
 
 
@@ -138,22 +155,46 @@ class BuildPool:
 
     def prebuild(self, requests: Sequence[MeasureRequest],
                  stop: Callable[[], bool] | None = None,
-                 settled: Callable[[int], None] | None = None) -> PrebuildReport:
-        """Build every request of the batch ahead, in order, each within its own
-        ``timeout_s``; returns when all are done, failed or past their deadline (a
-        builder past it is killed, with any compiler it runs), or when ``stop()`` turns
-        true (builders still building then are killed). ``settled(i)`` is called as
-        request ``i``'s outcome is known."""
+                 settled: Callable[[int], None] | None = None,
+                 largest_first: bool = False) -> PrebuildReport:
+        """Build every request of the batch ahead, each within its own ``timeout_s``:
+        in order, or with ``largest_first`` (a batch timed only once all of it is
+        built) the largest kernel source first among those the builders have generated
+        (a longest-first order: a long compile started last keeps the batch waiting
+        while the other builders idle); a request's sizing counts against its deadline.
+        Returns when all are done, failed or past their deadline (a builder past it is
+        killed, with any compiler it runs), or when ``stop()`` turns true (builders
+        still at work then are killed). ``settled(i)`` is called as request ``i``'s
+        outcome is known."""
         began = time.time()
         self._closed = False
         outcomes: list[str | None] = [None] * len(requests)
+        pending = list(range(len(requests)))  # to build
+        # an order to choose only where there are more kernels than builders
+        ranked = largest_first and len(requests) > self.size
+        to_size = deque(pending if ranked else ())
+        sizes: dict[int, int] = {}  # request -> its source's length, once generated
+        spent: dict[int, float] = {}  # request -> seconds its sizing took
 
         def settle(index: int, outcome: str) -> None:
             outcomes[index] = outcome
+            if index in pending:  # failed at its sizing: nothing to build
+                pending.remove(index)
             if settled is not None:
                 settled(index)
 
-        pending = deque(range(len(requests)))
+        def next_build() -> int | None:
+            """In order, or the largest sized (the first of equals); None while the
+            rest are being sized."""
+            if not ranked:
+                return pending.pop(0) if pending else None
+            sized = [i for i in pending if i in sizes]
+            if not sized:
+                return None
+            index = max(sized, key=lambda i: (sizes[i], -i))
+            pending.remove(index)
+            return index
+
         pids = {b.proc.pid for b in self._builders}
         if self._broken:  # a builder could not open the device: no use trying again
             return PrebuildReport([f"not built: {self._broken}"] * len(requests), pids)
@@ -163,19 +204,23 @@ class BuildPool:
             if stop is not None and stop():
                 break
             for builder in self._builders:
-                if builder.ready and builder.job is None and pending:
-                    self._hand(builder, pending.popleft(), requests)
+                if not builder.ready or builder.job is not None:
+                    continue
+                if to_size:
+                    self._hand(builder, to_size.popleft(), requests, sizing=True)
+                elif (index := next_build()) is not None:
+                    self._hand(builder, index, requests, spent=spent.get(index, 0.0))
             now = time.time()
             for builder in list(self._builders):
                 if builder.job is not None and now > builder.deadline:
                     settle(builder.job, f"not built: past its "
                                         f"{requests[builder.job].options.timeout_s:g} s")
-                    self._replace(builder, pending, pids)
+                    self._replace(builder, bool(pending), pids)
                 elif not builder.ready and now > builder.deadline:
                     self._retire(builder)  # never came up: the others go on
             if not self._builders:
                 break
-            self._wait_and_read(settle, pending, pids)
+            self._wait_and_read(settle, sizes, spent, pending, pids)
         for builder in list(self._builders):
             if builder.job is not None:  # stopped mid-build: its answer would name an
                 self._retire(builder)    # index of this batch in the next one's outcomes
@@ -184,16 +229,18 @@ class BuildPool:
         return PrebuildReport([o if o is not None else f"not built: {why}" for o in outcomes],
                               pids, time.time() - began)
 
-    def _hand(self, builder: _Builder, index: int, requests: Sequence[MeasureRequest]) -> None:
+    def _hand(self, builder: _Builder, index: int, requests: Sequence[MeasureRequest],
+              sizing: bool = False, spent: float = 0.0) -> None:
         request = requests[index]
-        builder.job, builder.deadline = index, time.time() + request.options.timeout_s
+        builder.job, builder.sizing, builder.handed = index, sizing, time.time()
+        builder.deadline = builder.handed + request.options.timeout_s - spent
         try:
-            builder.conn.send(request)
+            builder.conn.send(("size" if sizing else "build", request))
         except OSError:  # it died idle: read as its end below
             pass
 
-    def _wait_and_read(self, settle: Callable[[int, str], None], pending: deque[int],
-                       pids: set[int]) -> None:
+    def _wait_and_read(self, settle: Callable[[int, str], None], sizes: dict[int, int],
+                       spent: dict[int, float], pending: list[int], pids: set[int]) -> None:
         conns = {b.conn: b for b in self._builders}
         deadlines = [b.deadline for b in self._builders if b.job is not None or not b.ready]
         timeout = max(0.0, min([STEP_S, *(d - time.time() for d in deadlines)]))
@@ -211,25 +258,29 @@ class BuildPool:
                     continue
                 settle(builder.job, f"not built: the builder died (exit code "
                                     f"{builder.proc.poll()})")
-                self._replace(builder, pending, pids)
+                self._replace(builder, bool(pending), pids)
                 continue
             if kind == "ready":
                 builder.ready = True
+            elif kind == "sized" and builder.job is not None:
+                sizes[builder.job] = payload[0]
+                spent[builder.job] = time.time() - builder.handed
+                builder.job, builder.sizing = None, False
             elif kind == "done" and builder.job is not None:
                 error_no, why = payload
                 settle(builder.job, f"error {error_no}: {why}" if error_no else "")
-                builder.job = None
+                builder.job, builder.sizing = None, False
                 if error_no == MeasureErrorNo.RUNTIME_DEVICE:  # its device may be unusable
-                    self._replace(builder, pending, pids)
+                    self._replace(builder, bool(pending), pids)
             else:  # "error": it could not open the device; no use starting another
                 self._broken = str(payload[0]) if payload else "a builder failed to start"
                 self._retire(builder)
 
-    def _replace(self, builder: _Builder, pending: deque[int], pids: set[int]) -> None:
+    def _replace(self, builder: _Builder, work_left: bool, pids: set[int]) -> None:
         """Kill ``builder`` (its job is settled) and start another if work is left."""
-        builder.job = None
+        builder.job, builder.sizing = None, False
         self._retire(builder)
-        if pending:
+        if work_left:
             self._add(pids)
 
     def _add(self, pids: set[int]) -> None:
@@ -274,10 +325,11 @@ def _main() -> None:
     with device:
         while True:
             try:
-                request = conn.recv()
+                kind, request = conn.recv()
             except EOFError:
                 return
-            conn.send(("done", *warm(device, request, launch)))
+            conn.send(source_size(device, request) if kind == "size"
+                      else ("done", *warm(device, request, launch)))
 
 
 if __name__ == "__main__":
