@@ -25,9 +25,9 @@ prints per lease batch: their compile seconds in all, the longest, and how long 
 builders take over them handed out in order (each takes the next as it comes free, as
 ``BuildPool`` does on a GPU), largest source first (as it does on a CPU device, less the
 few milliseconds of its sizing), longest first (known only afterwards), and the bound no
-order beats, max(longest, sum / builders); then in order over lease batches 2 and 4 times as large. So a run's steady
-time splits into compile work, builders idle at a batch's end, and the rest, and what
-an order would take back.
+order beats, max(longest, sum / builders); then in order over lease batches 2 and 4
+times as large. So a run's steady time splits into compile work, builders idle at a
+batch's end, and the rest, and what an order takes back.
 
 Usage: python bench/trial_overhead.py [--trials 32] [--rounds 1] [--modes as-it-comes,ahead]
        [--templates conv2d_NCHWc.x86] [--compiles]

@@ -137,8 +137,6 @@ class _Builder:
     conn: Connection
     ready: bool = False
     job: int | None = None  # index of the request in hand
-    sizing: bool = False  # the job is a code generation for its size, not a build
-    handed: float = 0.0  # when the job was handed over
     deadline: float = 0.0
 
 
@@ -161,7 +159,7 @@ class BuildPool:
         in order, or with ``largest_first`` (a batch timed only once all of it is
         built) the largest kernel source first among those the builders have generated
         (a longest-first order: a long compile started last keeps the batch waiting
-        while the other builders idle); a request's sizing counts against its deadline.
+        while the other builders idle); its sizing and its build each get that deadline.
         Returns when all are done, failed or past their deadline (a builder past it is
         killed, with any compiler it runs), or when ``stop()`` turns true (builders
         still at work then are killed). ``settled(i)`` is called as request ``i``'s
@@ -174,7 +172,6 @@ class BuildPool:
         ranked = largest_first and len(requests) > self.size
         to_size = deque(pending if ranked else ())
         sizes: dict[int, int] = {}  # request -> its source's length, once generated
-        spent: dict[int, float] = {}  # request -> seconds its sizing took
 
         def settle(index: int, outcome: str) -> None:
             outcomes[index] = outcome
@@ -209,7 +206,7 @@ class BuildPool:
                 if to_size:
                     self._hand(builder, to_size.popleft(), requests, sizing=True)
                 elif (index := next_build()) is not None:
-                    self._hand(builder, index, requests, spent=spent.get(index, 0.0))
+                    self._hand(builder, index, requests)
             now = time.time()
             for builder in list(self._builders):
                 if builder.job is not None and now > builder.deadline:
@@ -220,7 +217,7 @@ class BuildPool:
                     self._retire(builder)  # never came up: the others go on
             if not self._builders:
                 break
-            self._wait_and_read(settle, sizes, spent, pending, pids)
+            self._wait_and_read(settle, sizes, pending, pids)
         for builder in list(self._builders):
             if builder.job is not None:  # stopped mid-build: its answer would name an
                 self._retire(builder)    # index of this batch in the next one's outcomes
@@ -230,17 +227,16 @@ class BuildPool:
                               pids, time.time() - began)
 
     def _hand(self, builder: _Builder, index: int, requests: Sequence[MeasureRequest],
-              sizing: bool = False, spent: float = 0.0) -> None:
+              sizing: bool = False) -> None:
         request = requests[index]
-        builder.job, builder.sizing, builder.handed = index, sizing, time.time()
-        builder.deadline = builder.handed + request.options.timeout_s - spent
+        builder.job, builder.deadline = index, time.time() + request.options.timeout_s
         try:
             builder.conn.send(("size" if sizing else "build", request))
         except OSError:  # it died idle: read as its end below
             pass
 
     def _wait_and_read(self, settle: Callable[[int, str], None], sizes: dict[int, int],
-                       spent: dict[int, float], pending: list[int], pids: set[int]) -> None:
+                       pending: list[int], pids: set[int]) -> None:
         conns = {b.conn: b for b in self._builders}
         deadlines = [b.deadline for b in self._builders if b.job is not None or not b.ready]
         timeout = max(0.0, min([STEP_S, *(d - time.time() for d in deadlines)]))
@@ -264,12 +260,11 @@ class BuildPool:
                 builder.ready = True
             elif kind == "sized" and builder.job is not None:
                 sizes[builder.job] = payload[0]
-                spent[builder.job] = time.time() - builder.handed
-                builder.job, builder.sizing = None, False
+                builder.job = None
             elif kind == "done" and builder.job is not None:
                 error_no, why = payload
                 settle(builder.job, f"error {error_no}: {why}" if error_no else "")
-                builder.job, builder.sizing = None, False
+                builder.job = None
                 if error_no == MeasureErrorNo.RUNTIME_DEVICE:  # its device may be unusable
                     self._replace(builder, bool(pending), pids)
             else:  # "error": it could not open the device; no use starting another
@@ -278,7 +273,7 @@ class BuildPool:
 
     def _replace(self, builder: _Builder, work_left: bool, pids: set[int]) -> None:
         """Kill ``builder`` (its job is settled) and start another if work is left."""
-        builder.job, builder.sizing = None, False
+        builder.job = None
         self._retire(builder)
         if work_left:
             self._add(pids)
@@ -305,8 +300,8 @@ class BuildPool:
 
 
 def _main() -> None:
-    """A builder (``python -m compiler.runtime.prebuild FD``): open the device, then build
-    the requests it is sent until the parent hangs up."""
+    """A builder (``python -m compiler.runtime.prebuild FD``): open the device, then size
+    or build the requests it is sent until the parent hangs up."""
     import importlib
 
     from compiler.runtime import open_device
