@@ -354,7 +354,7 @@ def test_a_code_generation_that_hangs_holds_up_its_builder_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sizing runs each template's code generation in a builder: one that hangs costs
     that builder its deadline (then it is killed, with the compiler it ran), while the
-    other builder builds the rest of the batch, the largest source first."""
+    other builder builds the rest of the batch (before, every build waited for it)."""
     from compiler.runtime.prebuild import BuildPool
 
     pidfile = tmp_path / "compiler.pid"
