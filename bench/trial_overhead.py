@@ -103,8 +103,7 @@ def compile_one_after_another(url: str, trials: int) -> None:
     each trial's kernel in turn, as a builder does; print the seconds of each as JSON."""
     from compiler.runtime import open_device
     from compiler.runtime.measure import MeasureRequest
-    from compiler.runtime.prebuild import warm
-    from compiler.templates import get_template
+    from compiler.runtime.prebuild import source_size, warm
     from schemas import MeasureOptions
 
     device = open_device(None, TARGET)
@@ -116,10 +115,8 @@ def compile_one_after_another(url: str, trials: int) -> None:
         began = time.perf_counter()
         warm(device, request, launch=True)
         seconds.append(time.perf_counter() - began)
-        template = get_template(workload.template)
-        sizes.append(len(template.codegen(workload, record.input.config,
-                                          io=template.measure_io(workload,
-                                                                 record.input.config)).source))
+        kind, *sized = source_size(device, request)  # as the builders size it
+        sizes.append(sized[0] if kind == "sized" else 0)
     print(json.dumps([seconds, sizes]))
 
 
